@@ -137,15 +137,8 @@ def split_relation(graph: TypedGraph, ends: LinkEnds, train: float, val: float, 
     if relation.edge_features is not None:
         raise ConfigError(f"`link_relation` {relation_label(ends.relation)}: its edges have features, which a "
                           f"link task's split does not carry; choose a relation without edge features.")
-    if src != dst and direction == "undirected":
-        raise ConfigError(f"`link_direction` undirected: {relation_label(ends.relation)} links {src} to {dst}, so "
-                          f"an edge has no reverse of its own relation; leave `link_direction` out (directed).")
-    indptr, indices = np.asarray(relation.indptr, dtype=np.int64), np.asarray(relation.indices, dtype=np.int64)
-    start, count = ends.offsets[dst], ends.counts[dst]  # the destinations' columns; every other column empty
-    stacked_ptr = np.concatenate([np.zeros(start, np.int64), indptr,
-                                  np.full(ends.num_nodes - start - count, indptr[-1], np.int64)])
-    whole = Graph(f"{graph.name} {relation_label(ends.relation)}", stacked_ptr, indices + ends.offsets[src], None,
-                  None, None, None, None, 0)
+    whole = stacked_relation(graph, ends, direction)
+    start, count = ends.offsets[dst], ends.counts[dst]
     split = split_edges(whole, train, val, seed, direction)
     kept_ptr = split.indptr[start:start + count + 1]
     kept = dataclasses.replace(relation, indptr=kept_ptr - kept_ptr[0],
@@ -154,6 +147,24 @@ def split_relation(graph: TypedGraph, ends: LinkEnds, train: float, val: float, 
     typed = dataclasses.replace(graph, relations={**graph.relations, ends.relation: kept},
                                 notes=[*graph.notes, *split.notes[len(whole.notes):]])
     return typed, split.links
+
+
+def stacked_relation(graph: TypedGraph, ends: LinkEnds, direction: str = "auto") -> Graph:
+    """Relation ``ends.relation`` of a typed graph as a homogeneous graph in ``ends``' stacked ids (no features,
+    labels or splits; its edge times where it has them), which the homogeneous link splits split; a bipartite
+    relation refuses ``direction`` undirected (an edge has no reverse of its own relation)."""
+    src, _, dst = ends.relation
+    if src != dst and direction == "undirected":
+        raise ConfigError(f"`link_direction` undirected: {relation_label(ends.relation)} links {src} to {dst}, so "
+                          f"an edge has no reverse of its own relation; leave `link_direction` out (directed).")
+    relation = graph.relations[ends.relation]
+    indptr = np.asarray(relation.indptr, dtype=np.int64)
+    start, count = ends.offsets[dst], ends.counts[dst]  # the destinations' columns; every other column empty
+    stacked_ptr = np.concatenate([np.zeros(start, np.int64), indptr,
+                                  np.full(ends.num_nodes - start - count, indptr[-1], np.int64)])
+    return Graph(f"{graph.name} {relation_label(ends.relation)}", stacked_ptr,
+                 np.asarray(relation.indices, dtype=np.int64) + ends.offsets[src], None, None, None, None, None, 0,
+                 edge_time=None if relation.edge_time is None else np.asarray(relation.edge_time))
 
 
 def link_direction(indptr: np.ndarray, indices: np.ndarray, direction: str) -> tuple[bool, float, str]:

@@ -18,7 +18,7 @@ import logging
 import numpy as np
 import torch
 
-from neutronorch.data.edge_split import LINK_DIRECTIONS, _check_fractions, link_direction
+from neutronorch.data.edge_split import LINK_DIRECTIONS, _check_fractions, link_direction, stacked_relation
 from neutronorch.data.graph import Graph
 from neutronorch.data.links import LinkEnds, LinkSplit
 from neutronorch.data.relation import relation_label
@@ -71,13 +71,11 @@ def split_edges_by_time(graph: Graph, train: float, val: float, direction: str =
     return dataclasses.replace(graph, links=split, notes=[*graph.notes, note])
 
 
-
 def split_relation_by_time(graph: TypedGraph, ends: LinkEnds, train: float, val: float,
                            direction: str = "auto") -> tuple[LinkSplit, list[str]]:
     """``split_edges_by_time`` of a typed graph's relation ``ends.relation`` in ``ends``' stacked ids (two
     end types make a bipartite topology: split directed): the split and its note. The graph keeps every
     edge, as a homogeneous one does: the temporal sampler takes only edges before each seed's time."""
-    src, _, dst = ends.relation
     relation = graph.relations[ends.relation]
     if relation.edge_time is None:
         timed = [relation_label(r) for r, rel in graph.relations.items() if rel.edge_time is not None]
@@ -85,17 +83,7 @@ def split_relation_by_time(graph: TypedGraph, ends: LinkEnds, train: float, val:
         raise DataError(f"{graph.name}: `link_relation` {relation_label(ends.relation)} has no edge times, so its "
                         f"links cannot be split by time, and a random split would leak the graph's {held}; predict "
                         f"a timed relation, or drop the times to use the graph as a static one (docs/temporal.md).")
-    if src != dst and direction == "undirected":
-        raise ConfigError(f"`link_direction` undirected: {relation_label(ends.relation)} links {src} to {dst}, so "
-                          f"an edge has no reverse of its own relation; leave `link_direction` out (directed).")
-    indptr = np.asarray(relation.indptr, dtype=np.int64)
-    start, count = ends.offsets[dst], ends.counts[dst]  # the destinations' columns; every other column empty
-    stacked_ptr = np.concatenate([np.zeros(start, np.int64), indptr,
-                                  np.full(ends.num_nodes - start - count, indptr[-1], np.int64)])
-    whole = Graph(f"{graph.name} {relation_label(ends.relation)}", stacked_ptr,
-                  np.asarray(relation.indices, dtype=np.int64) + ends.offsets[src], None, None, None, None, None, 0,
-                  edge_time=np.asarray(relation.edge_time))
-    split = split_edges_by_time(whole, train, val, direction)
+    split = split_edges_by_time(stacked_relation(graph, ends, direction), train, val, direction)
     return split.links, split.notes
 
 

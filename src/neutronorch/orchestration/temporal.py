@@ -47,8 +47,8 @@ class TemporalRequest:
     appearance: Appearance | None = None  # a link task's negatives as of each positive's time (else uniform)
 
     def check(self, config: TrainConfig, graph) -> None:
-        """Refuse what cannot honour time: a link task, GCN's symmetric norm (its degrees count future edges),
-        a typed graph by vertex times; NeutronOrch mode and a typed graph's device mode are refused by
+        """Refuse what cannot honour time: a link task without link times (or link times for a node task),
+        several ranks, GCN's symmetric norm (its degrees count future edges); NeutronOrch mode is refused by
         ``factory.build_mode``."""
         typed = not isinstance(graph, Graph)
         why = ("a link task without `edge_label_time`" if (config.task == "link") != self.link else
@@ -56,8 +56,8 @@ class TemporalRequest:
                "`gcn_norm` symmetric (its in-degrees count every edge, future ones too)" if config.sampling.degrees
                else None)
         if why:
-            raise ConfigError(f"temporal sampling: not yet in {why}; the loader samples seed vertices by time in "
-                              f"mode exact (docs/temporal.md).")
+            raise ConfigError(f"temporal sampling: not yet in {why}; sampling by time runs in one process, in mode "
+                              f"exact or device (docs/temporal.md).")
         if typed:
             return  # TemporalTypedSampler says when no relation has times
         if (graph.node_time if self.by_vertices else graph.edge_time) is None:

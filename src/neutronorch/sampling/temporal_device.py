@@ -19,7 +19,8 @@ from neutronorch.errors import ConfigError, DataError
 from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 from neutronorch.sampling.fanouts import parse_fanouts
 from neutronorch.sampling.neighbor_sampler import TorchNeighborSampler, drawn_slots, layer_key, together
-from neutronorch.sampling.temporal_sampler import check_entries, check_strategy, seed_cuts, time_dtype, typed_entries
+from neutronorch.sampling.temporal_sampler import (NO_BOTTOM, UNTIMED, check_entries, check_strategy, seed_cuts,
+                                                   time_dtype, typed_entries)
 from neutronorch.sampling.typed_device_sampler import TypedDeviceSampler, as_tensor
 
 
@@ -131,11 +132,10 @@ class TypedTemporalDeviceSampler(TypedDeviceSampler):
         return self.sample_hops(ids, key, self.num_layers)
 
     def sample_many(self, seeds: list, keys: list[int]) -> list[SampledSubgraph]:
-        raise ConfigError("temporal sampling: sample each batch with sample(seeds, seed_time, key).")
+        raise ConfigError(UNTIMED)
 
     def sample_bottom(self, destinations, key: int) -> TypedBlock:
-        raise ConfigError("temporal sampling: not yet in NeutronOrch mode (a hot vertex's bottom-layer output "
-                          "holds for one time only; docs/temporal.md).")
+        raise ConfigError(NO_BOTTOM)
 
     def _draw(self, calls: dict[RelationType, tuple]) -> dict[RelationType, tuple[torch.Tensor, ...]]:
         """Each relation's (ptr, sources, edge positions): a timed one's under its destinations' times, a static

@@ -28,6 +28,10 @@ from neutronorch.sampling.neighbor_sampler import NeighborSampler, OneThread, la
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 
 STRATEGIES = ("uniform", "last")  # PyG's temporal_strategy values
+# What a typed temporal sampler (host or device) refuses: batches without times, and NeutronOrch's bottom hop.
+UNTIMED = "temporal sampling: sample each batch with sample(seeds, seed_time, key)."
+NO_BOTTOM = ("temporal sampling: not yet in NeutronOrch mode (a hot vertex's bottom-layer output holds for one time "
+             "only; docs/temporal.md).")
 
 
 def check_strategy(strategy) -> bool:
@@ -194,11 +198,10 @@ class TemporalTypedSampler(TypedNeighborSampler):
         return self.sample_hops(ids, key, self.num_layers)
 
     def sample_many(self, seeds: list, keys: list[int]) -> list[SampledSubgraph]:
-        raise ConfigError("temporal sampling: sample each batch with sample(seeds, seed_time, key).")
+        raise ConfigError(UNTIMED)
 
     def sample_bottom(self, destinations: Mapping, key: int) -> TypedBlock:
-        raise ConfigError("temporal sampling: not yet in NeutronOrch mode (a hot vertex's bottom-layer output "
-                          "holds for one time only; docs/temporal.md).")
+        raise ConfigError(NO_BOTTOM)
 
     def _enter(self, frontier: dict[str, torch.Tensor]) -> None:
         self._check_thread()

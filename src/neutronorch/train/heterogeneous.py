@@ -14,7 +14,6 @@ import torch
 from neutronorch.capabilities import OWN_MODULE_REFUSED
 from neutronorch.config import TrainConfig
 from neutronorch.data import TypedGraph
-from neutronorch.data.times import has_vertex_times
 from neutronorch.data.typed import relation_label
 from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.custom import ModelProtocolError, UserModel, check_trainable
@@ -27,8 +26,6 @@ from neutronorch.train.evaluate import eval_subset, scored, typed_logits
 from neutronorch.train.health import check_learnable
 from neutronorch.train.link_task import LinkTask, evaluate_links, row_statistics, typed_link_graph
 from neutronorch.train.optim import Adam, RowAdam
-from neutronorch.train.temporal_links import evaluate_timed_links
-from neutronorch.train.temporal_nodes import evaluate_timed_nodes, timed_nodes
 from neutronorch.train.run import Built
 from neutronorch.train.typed_tables import TypedTables, plan_tables
 
@@ -131,14 +128,6 @@ class TypedParts:
         """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each), from
         samples of the one evaluation key (``typed_logits``); ``progress(0, done, total)`` after each set."""
         config, graph, scores, done = run.config, run.graph, {}, 0
-        if not isinstance(run.task, LinkTask) and has_vertex_times(graph):  # each vertex as of its own time
-            if run.timed_graph is None:  # the graph as the mode samples it (by vertex times: a copy), made once
-                run.timed_graph = timed_nodes(config, graph).timed_graph(graph)
-            return evaluate_timed_nodes(run.model, graph, run.timed_graph, None, run.device, config, run.task, check,
-                                        progress, self.eval_sampler.fanouts)
-        if isinstance(run.task, LinkTask) and graph.links.timed:  # sampled as of each link's time
-            return evaluate_timed_links(run.model, graph, None, run.device, config, run.task.metric, check, progress,
-                                        run.appearance, self.eval_sampler.fanouts)
         if isinstance(run.task, LinkTask):
             return evaluate_links(run.model, graph, self.eval_sampler, run.device, config.eval_batch_size,
                                   config.seed, config.eval_negatives, run.task, check=check)

@@ -28,6 +28,7 @@ from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
 from neutronorch.train.link_task import LinkTask, evaluate_links
 from neutronorch.data.time_split import Appearance
+from neutronorch.data.times import has_vertex_times
 from neutronorch.train.temporal_links import evaluate_timed_links
 from neutronorch.train.temporal_nodes import evaluate_timed_nodes, timed_nodes
 from neutronorch.train.optim import Adam
@@ -100,21 +101,24 @@ class Run:
     def evaluate(self, epoch: int, progress=None) -> dict[str, float]:
         """The metric on the validation and test sets: {"val": ..., "test": ...}; ``progress(layer, done,
         total)`` as inference goes; checked (``train/health.py``) as the evaluation after ``epoch``."""
-        config, check = self.config, self.health.evaluation(epoch)
-        if self.typed is not None:
-            return self.typed.evaluate(self, check, progress)
-        if self.world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
-            self.world.broadcast_module(self.model, "the buffers' broadcast before evaluation", buffers_only=True)
-        store = self.mode.store.as_dtype(torch.float32)  # evaluation runs in float32 whatever the training precision
-        if not isinstance(self.task, LinkTask) and getattr(self.graph, "node_time", None) is not None:
+        config, check, typed = self.config, self.health.evaluation(epoch), self.typed
+        # Evaluation runs in float32 whatever the training precision; a typed graph's rows are read by type.
+        store = None if typed is not None else self.mode.store.as_dtype(torch.float32)
+        fanouts = None if typed is None else typed.eval_sampler.fanouts  # a typed graph's, per relation
+        link = isinstance(self.task, LinkTask)
+        if not link and has_vertex_times(self.graph):  # every vertex as of its own time (one process)
             if self.timed_graph is None:  # the graph as the mode samples it (by vertex times: a copy), made once
                 self.timed_graph = timed_nodes(config, self.graph).timed_graph(self.graph)
             return evaluate_timed_nodes(self.model, self.graph, self.timed_graph, store, self.device, config,
-                                        self.task, check, progress)
-        if isinstance(self.task, LinkTask) and self.graph.links.timed:  # sampled as of each link's time
+                                        self.task, check, progress, fanouts)
+        if link and self.graph.links.timed:  # sampled as of each link's time (one process)
             return evaluate_timed_links(self.model, self.graph, store, self.device, config, self.task.metric, check,
-                                        progress, self.appearance)
-        if isinstance(self.task, LinkTask):
+                                        progress, self.appearance, fanouts)
+        if typed is not None:
+            return typed.evaluate(self, check, progress)
+        if self.world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
+            self.world.broadcast_module(self.model, "the buffers' broadcast before evaluation", buffers_only=True)
+        if link:
             return evaluate_links(self.model, self.graph, store, self.device, config.eval_batch_size, config.seed,
                                   config.eval_negatives, self.task, self.world, progress, check)
         return evaluate(self.model, self.graph, store, self.device, config.eval_fanouts, config.eval_batch_size,

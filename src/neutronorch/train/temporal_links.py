@@ -1,8 +1,8 @@
 """A temporal link task in ``train()`` (docs/temporal.md, "Temporal link prediction"): links split by time
 (``data/time_split.py``), each training positive, its ends and its negatives sampled at the link's time,
-strictly before it (``orchestration/temporal.py``'s request, exact mode), negatives drawn as of that time. A
-typed graph's task is its link relation's, in its ends' stacked ids (``data.links.LinkEnds``), sampled by
-``TemporalTypedSampler``.
+strictly before it (``orchestration/temporal.py``'s request, exact or device mode), negatives drawn as of that
+time. A typed graph's task is its link relation's, in its ends' stacked ids (``data.links.LinkEnds``), sampled
+by ``TemporalTypedSampler``.
 
 Evaluation scores every validation and test link the same way: its two ends and ``eval_negatives``
 destinations drawn as of its time are embedded over neighbourhoods sampled strictly before it (the evaluation
@@ -10,8 +10,8 @@ fanouts, default the training ones), so the score of a link never depends on any
 vertex's embedding depends on the time it is asked at, so there is no embedding per vertex to reuse: each
 link's entries are sampled and computed, ``eval_batch_size`` entries (a link's two ends and its negatives) at
 a time, every batch of a set with the set's one key: a draw depends on its vertex and time only, so the scores
-do not depend on the batch size. Reported: MRR against the drawn negatives (as TGB reports it), Hits@K, ROC-AUC and average precision
-over all pairs (as the TGN papers report them)."""
+do not depend on the batch size. Reported: MRR against the drawn negatives (as TGB reports it), Hits@K, ROC-AUC
+and average precision over all pairs (as the TGN papers report them; not with shared negatives)."""
 
 from __future__ import annotations
 
