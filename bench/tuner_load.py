@@ -40,8 +40,16 @@ def run(epochs: int, busy: int, threads: int, folder: Path, index: int) -> list[
 
 
 def reuse_after(history: list[dict]) -> list[str]:
-    """After each epoch: whether the next runs with hot rows ("on") or without ("off")."""
-    return ["on" if entry["next"] > 0 else "off" for entry in history]
+    """After each epoch: whether reuse is on or off by the latest verdict (the epochs of a bracket, which alternate
+    with and without hot rows to decide, and those that decide nothing keep the verdict before them)."""
+    state, states = "on", []
+    for entry in history:
+        if entry["decision"] in ("on", "walk", "balance"):
+            state = "on"
+        elif entry["decision"] == "off":
+            state = "off"
+        states.append(state)
+    return states
 
 
 def main() -> None:
@@ -63,7 +71,7 @@ def main() -> None:
             for epoch, entry in enumerate(history):
                 print(f"  epoch {epoch}: r {entry['ratio']:g}, {entry['epoch_s']:.2f} CPU s -> {entry['decision']}, "
                       f"r {entry['next']:g} ({entry['reason']})")
-    print("\nreuse after each epoch (on/off):")
+    print("\nreuse after each epoch, by the latest verdict (on/off):")
     for kind, rows in after.items():
         for row in rows:
             print(f"  {kind:6s} {' '.join(row)}")

@@ -581,7 +581,7 @@ def test_auto_ratio_walks_towards_the_fastest_epoch_on_shared_cores():
     ratio = tuner.update(99.0, 0, 0)  # warm-up epoch: ignored
     assert ratio == 0.2
     assert tuner.update(cost(ratio), 0, 0) == 0  # one epoch without hot rows: what they save
-    for _ in range(12):
+    for _ in range(14):
         ratio = tuner.update(cost(ratio), 0, 0)
     assert abs(np.log2(ratio) - np.log2(0.3)) < 0.5
 
@@ -590,6 +590,8 @@ def test_auto_ratio_balances_host_and_device_on_separate_processors():
     tuner = HotRatioTuner(0.2, shared_cores=False)
     tuner.update(1.0, 1.0, 1.0)
     assert tuner.update(1.0, host_seconds=2.0, device_seconds=1.0) == 0  # then one epoch without hot rows
+    assert tuner.update(1.5, 0.0, 1.0) == 0.2  # and alternating: with, then without again
+    assert tuner.update(1.0, host_seconds=2.0, device_seconds=1.0) == 0
     assert tuner.update(1.5, 0.0, 1.0) == pytest.approx(0.1)  # reuse paid; host slower: less hot
     assert tuner.update(1.0, host_seconds=1.0, device_seconds=10.0) == pytest.approx(0.2)  # at most 2x per epoch
 

@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -16,7 +17,9 @@ from neutronorch.cli import main
 from neutronorch.data import SyntheticSpec, generate
 from neutronorch.observe import LANES, Spans, Utilisation, epoch_table
 from neutronorch.observe import utilisation
-from neutronorch.orchestration.neutronorch.mode import STAGES as NEUTRONORCH_STAGES
+from neutronorch.orchestration.loading import LoadingMode
+from neutronorch.orchestration.neutronorch.mode import STAGES as NEUTRONORCH_STAGES, NeutronOrchMode
+from neutronorch.train.loop import TimelineWindow
 from neutronorch.train.outputs import check_outputs
 from neutronorch.train.step import TRAINER_STAGES
 
@@ -627,3 +630,13 @@ def test_a_span_begun_before_the_timeline_window_is_drawn_from_where_the_window_
     spans.add("forward", 10.5, 11.0)
     assert spans.events == [("host_wait_weights", 10.0, 12.0, -1), ("forward", 10.5, 11.0, -1)]
     assert spans.take()[0]["host_wait_weights"] == 12.0  # the stage's seconds stay whole
+
+
+def test_the_timeline_window_is_the_first_epoch_after_the_mode_s_warm_up():
+    """NeutronOrch with ``auto`` serves nothing hot in its first epoch and compiles the hot rows' path in its
+    second: the window is its third epoch; exact and device mode's is their second; a short run's its last."""
+    auto, fixed = (types.SimpleNamespace(config=types.SimpleNamespace(hot_ratio=r)) for r in ("auto", 0.2))
+    assert NeutronOrchMode.warm_epochs.fget(auto) == 2 and NeutronOrchMode.warm_epochs.fget(fixed) == 1
+    assert LoadingMode.warm_epochs == 1
+    assert [TimelineWindow(True, epochs, 40, 2).epoch for epochs in (1, 2, 3, 10)] == [0, 1, 2, 2]
+    assert [TimelineWindow(True, epochs, 40, 1).epoch for epochs in (1, 2, 10)] == [0, 1, 1]

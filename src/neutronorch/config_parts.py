@@ -321,7 +321,7 @@ class LogConfig:
              "matplotlib)")
     timeline_steps: int = may_change(
         40, bound="at least 1", help="steps in the timeline window, from the start of the second epoch (the "
-                                     "first if the run has one epoch)")
+                                     "first if the run has one epoch; the third with --hot-ratio auto)")
     progress: bool = may_change(True, help="no progress bar (the per-epoch lines stay)")
     stage_table: bool = may_change(True, help="no per-lane stage breakdown after each epoch line")
     console_log: str | None = may_change(

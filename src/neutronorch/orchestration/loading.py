@@ -32,6 +32,7 @@ class LoadingMode(Mode):
     samples with ``new_sampler()``'s sampler (seeds on ``sample_device``, on ``sample_stream`` if any)."""
 
     resumable = resumable_mid_epoch = True
+    warm_epochs = 1
     new_sampler: Callable[[], object]
     sample_device = torch.device("cpu")
     sample_stream = None

@@ -44,6 +44,7 @@ class Mode(Protocol):
     threads: dict[str, int]  # the threads of its own stages' kernels, by stage ("sampler", "host")
     resumable: bool  # whether a run can continue from a checkpoint at an epoch boundary
     resumable_mid_epoch: bool  # and within an epoch (``batches(epoch, start)`` with start > 0)
+    warm_epochs: int  # the first epochs, slower than the rest (compiling, cold caches): the timeline draws the next
 
     def start(self, model: torch.nn.Module) -> None:
         """Before the first epoch."""

@@ -45,13 +45,13 @@ def check_call(config, progress, stop):
 
 
 class TimelineWindow:
-    """Keeps the raw spans of ``steps`` training steps from the start of one epoch (the second, if there is
-    one: the first includes JIT compilation and cold caches), and takes a utilisation sample where the
-    window starts and ends, so that a window shorter than the sampling interval is covered too."""
+    """Keeps the raw spans of ``steps`` training steps from the start of one epoch (the first after the mode's
+    ``warm_epochs``, if there is one: those include JIT compilation and cold caches), and takes a utilisation
+    sample where the window starts and ends, so that a window shorter than the sampling interval is covered too."""
 
-    def __init__(self, enabled: bool, epochs: int, steps: int):
+    def __init__(self, enabled: bool, epochs: int, steps: int, warm_epochs: int = 1):
         self.enabled = enabled
-        self.epoch = min(1, epochs - 1)
+        self.epoch = max(0, min(warm_epochs, epochs - 1))
         self.steps = steps
         self.active = False
 

@@ -200,7 +200,7 @@ def run_epochs(run: Run) -> dict | None:
     ``run.best`` and ``run.last_eval``; returns the timeline written (or None)."""
     config, mode, epochs = run.config, run.mode, run.history
     run.last_eval = next((scores for scores in map(scores_of, reversed(epochs)) if scores), {})
-    window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps)
+    window = TimelineWindow(bool(config.timeline), config.epochs, config.timeline_steps, mode.warm_epochs)
     if run.stop is not None and run.stop.is_set():  # asked while the data loaded: no step to finish first
         raise Interrupted("stopped on request before the first step")
     mode.start(run.model)

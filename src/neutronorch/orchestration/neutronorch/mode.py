@@ -188,6 +188,12 @@ class NeutronOrchMode:
     # Anywhere: its state_dict holds the pending snapshots and the super-batch in progress.
     resumable = resumable_mid_epoch = True
 
+    @property
+    def warm_epochs(self) -> int:
+        """With ``auto`` nothing is hot before the drift is measured: the hot rows' path compiles in the second
+        epoch (the tuner's warm-up too); at a fixed ratio in the first."""
+        return 2 if self.config.hot_ratio == "auto" else 1
+
     def __init__(self, kind: HomogeneousKind | TypedKind, seeds: NodeSeeds, sampling: SamplingConfig,
                  config: NeutronOrchConfig, epochs: int, spans: Spans, sampler_threads: int,
                  host_threads: int, node: NodeLink | None):

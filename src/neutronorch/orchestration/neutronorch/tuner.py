@@ -6,7 +6,11 @@ from __future__ import annotations
 class HotRatioTuner:
     """Re-tune r between epochs from measured times, by the rules of ``docs/neutronorch.md``, ``--hot-ratio
     auto`` (on shared cores a walk in log2(r): x2, then x sqrt 2 once a step made things worse). Each
-    ``history`` entry says what was decided and why."""
+    ``history`` entry says what was decided and why.
+
+    Whether reuse pays (at first, at a probe, and before reuse goes off) is decided on a bracket of four epochs,
+    two with hot rows and two without, alternating, by the faster of each pair: another program's load, which
+    only adds time, in any one of the four cannot change the decision."""
 
     LOW, HIGH = 0.01, 0.8
     MIN_STEP = 0.25  # log2 units: the walk stops refining below a factor of 2 ** 0.25
@@ -16,7 +20,11 @@ class HotRatioTuner:
     # the first measured one by more than FIRST_MARGIN (why: docs/neutronorch.md).
     MARGIN = 0.03
     FIRST_MARGIN = 0.10
+    BRACKET = 4  # epochs that decide whether reuse pays: two with hot rows and two without, alternating
     NOTHING_HOT = 0.001  # an epoch whose mean hot share was below this measured no reuse (the error cap held it)
+    # An epoch at r 0 still serving rows planned hot before counts as one without them while its hot share is
+    # below this part of the last epoch with hot rows' (the lead's few super-batches of a long epoch).
+    MIXED = 0.1
 
     def __init__(self, start: float, shared_cores: bool):
         self.ratio = start
@@ -27,12 +35,16 @@ class HotRatioTuner:
         self._direction, self._step = 1.0, 1.0  # walk in log2(r)
         self._best: tuple[float, float] | None = None  # (epoch seconds, ratio > 0) of the fastest epoch with hot rows
         self._zero: float | None = None  # seconds of the latest epoch without hot rows
-        self._phase = "start"  # start, measure, baseline, on, off, probe (judge: within one update)
+        self._phase = "start"  # start, measure, bracket, on, off
         self._off = 0  # epochs without hot rows since reuse was turned off (or last probed)
         self._factor = 1.0  # separate processors: the last balance (device / host time, clamped)
         self._warm = False  # an epoch with hot rows ran (the first compiles their path: it decides nothing)
         self._share: float | None = None  # the mean hot share of the epoch being decided on
+        self._hot_share: float | None = None  # ... and of the last epoch with hot rows
         self._best_share: float | None = None  # ... and of the fastest epoch with hot rows
+        # The epochs of the bracket under way, as (seconds, ratio, hot share), and why it runs: first, probe, recheck.
+        self._bracket: list[tuple[float, float, float | None]] = []
+        self._kind = "first"
 
     def update(self, epoch_seconds: float, host_seconds: float, device_seconds: float,
                cost_seconds: float | None = None, hot_share: float | None = None) -> float:
@@ -51,16 +63,17 @@ class HotRatioTuner:
             self._factor = min(2.0, max(0.5, device_seconds / max(host_seconds, 1e-9)))
         capped = hot_share is not None and hot_share < self.NOTHING_HOT and self.ratio > 0
         # At r 0 yet rows served hot: super-batches planned ahead before r went to 0 (the snapshot's lead).
-        mixed = hot_share if hot_share is not None and hot_share >= self.NOTHING_HOT and self.ratio == 0 else None
+        tolerated = max(self.NOTHING_HOT, self.MIXED * (self._hot_share or 0.0))
+        mixed = hot_share if hot_share is not None and hot_share >= tolerated and self.ratio == 0 else None
         self._share = hot_share
-        decision, reason = self._decide(epoch_seconds, device_seconds < host_seconds, entry.get("cost_s"), capped,
-                                        mixed)
+        if self.ratio > 0 and hot_share is not None and not capped:
+            self._hot_share = hot_share
+        decision, reason = self._decide(epoch_seconds, device_seconds < host_seconds, capped, mixed)
         entry.update(next=round(self.ratio, 4), decision=decision, reason=reason)
         self.history.append(entry)
         return self.ratio
 
-    def _decide(self, seconds: float, host_behind: bool, cost: float | None, capped: bool,
-                mixed: float | None = None) -> tuple[str, str]:
+    def _decide(self, seconds: float, host_behind: bool, capped: bool, mixed: float | None) -> tuple[str, str]:
         ratio, phase = self.ratio, self._phase
         served = ratio > 0 and not capped  # hot rows were used (unknown share: taken as used)
         if phase == "start":
@@ -76,44 +89,31 @@ class HotRatioTuner:
             self._warm = True
             return "warm-up", (f"the first epoch with hot rows (their path compiling, its caches cold) decides "
                                f"nothing: one more at r {ratio:.3g}")
-        if ratio == 0:
-            self._zero = seconds
-            if phase == "baseline" and self._best is not None and self._best[0] < seconds * (1 + self.FIRST_MARGIN):
-                self._phase = "on"
-                self._set(self._next_positive(self._best[1]))
-                verdict = ("reuse pays" if self._best[0] < seconds else
-                           f"within {100 * self.FIRST_MARGIN:.0f}% (early in training): later epochs decide")
-                return "on", (f"{verdict}: {self._best[0]:.3f} {self.unit} per epoch with hot rows "
-                              f"({self._at(self._best[1], self._best_share)}), {seconds:.3f} {self.unit} without")
-            self._off = self._off + 1 if phase == "off" else 1
-            self._phase = "off"
-            if phase == "baseline":
-                return "off", (f"reuse does not pay: {seconds:.3f} {self.unit} per epoch without hot rows, "
-                               f"{self._best[0]:.3f} {self.unit} with them "
-                               f"({self._at(self._best[1], self._best_share)})")
-            if self._off >= self.PROBE_EVERY:
-                self._phase = "probe"
-                self._set(self.PROBE_RATIO)
-                return "probe", f"{self._off} epochs without hot rows: one epoch at r {self.ratio:.3g}"
-            return "off", f"no hot rows ({self._off} of {self.PROBE_EVERY} epochs before the next probe)"
+        if phase == "bracket":
+            return self._bracket_step(seconds, ratio)
+        return self._without(seconds, phase) if ratio == 0 else self._with(seconds, ratio, host_behind)
+
+    def _without(self, seconds: float, phase: str) -> tuple[str, str]:
+        """An epoch without hot rows, reuse off."""
+        self._zero = seconds
+        self._off = self._off + 1 if phase == "off" else 1
+        self._phase = "off"
+        if self._off >= self.PROBE_EVERY:  # the probe's bracket starts with this epoch
+            self._open("probe", (seconds, 0.0, None), self.PROBE_RATIO)
+            return "probe", (f"{self._off} epochs without hot rows: a probe at r {self.ratio:.3g} "
+                             f"(two epochs at it, alternating with two without)")
+        return "off", f"no hot rows ({self._off} of {self.PROBE_EVERY} epochs before the next probe)"
+
+    def _with(self, seconds: float, ratio: float, host_behind: bool) -> tuple[str, str]:
+        """An epoch with hot rows, outside a bracket."""
+        if self._phase == "measure":  # the first bracket starts with this epoch
+            self._open("first", (seconds, ratio, self._share), 0.0)
+            return "baseline", ("one epoch without hot rows, to measure what they save (two epochs with hot rows "
+                                "and two without, alternating, decide)")
         slower = self._zero is not None and seconds >= self._zero * (1 + self.MARGIN)
-        if phase == "measure":
-            self._best, self._best_share = (seconds, ratio), self._share
-            if self._zero is None:
-                self._phase, self.ratio = "baseline", 0.0
-                return "baseline", "one epoch without hot rows, to measure what they save"
-            phase = self._phase = "judge"  # measured without reuse already (capped): no baseline epoch needed
-        if phase in ("probe", "judge"):
-            if slower:
-                return self._turn_off(seconds, ratio, cost)
-            self._phase, self._best, self._direction, self._step = "on", (seconds, ratio), 1.0, 1.0
-            self._best_share = self._share
-            self._set(self._next_positive(ratio))
-            return "on", (f"{'the probe paid' if phase == 'probe' else 'reuse pays'}: {seconds:.3f} {self.unit} per "
-                          f"epoch at {self._at(ratio, self._share)}, {self._zero:.3f} {self.unit} without hot rows")
         if not self.shared_cores:
             if slower and not (host_behind and ratio > self.LOW):
-                return self._turn_off(seconds, ratio, cost)
+                return self._recheck(seconds, ratio)
             self._set(ratio * self._factor)
             return "balance", f"device / host time per super-batch {self._factor:.2f}"
         improved = self._best is None or seconds < self._best[0]
@@ -121,11 +121,52 @@ class HotRatioTuner:
             self._best, self._best_share = (seconds, ratio), self._share
         converged = self._step < self.MIN_STEP
         if slower and (improved or converged or self._best[1] == ratio):  # no faster ratio to return to
-            return self._turn_off(seconds, ratio, cost)
+            return self._recheck(seconds, ratio)
         if not improved:  # worse: back to the best ratio, turn round, and take smaller steps
             self._direction, self._step = -self._direction, self._step / 2
         self._set(self._next_positive(self._best[1]))
         return "walk", f"fastest so far {self._best[0]:.3f} {self.unit} per epoch at r {self._best[1]:.3g}"
+
+    def _recheck(self, seconds: float, ratio: float) -> tuple[str, str]:
+        """An epoch with hot rows slower than the last without them: it opens a bracket."""
+        self._open("recheck", (seconds, ratio, self._share), 0.0)
+        return "baseline", (f"{seconds:.3f} {self.unit} per epoch at {self._at(ratio, self._share)}, "
+                            f"{self._zero:.3f} {self.unit} without hot rows when last measured: measured again, "
+                            f"alternating, before reuse goes off")
+
+    def _open(self, kind: str, first: tuple, next_ratio: float) -> None:
+        self._phase, self._kind, self._bracket = "bracket", kind, [first]
+        self.ratio = next_ratio
+
+    def _bracket_step(self, seconds: float, ratio: float) -> tuple[str, str]:
+        """One more epoch of a bracket: four epochs, with and without hot rows alternating, at one ratio."""
+        self._bracket.append((seconds, ratio, self._share))
+        if len(self._bracket) < self.BRACKET:
+            at = max(b[1] for b in self._bracket)
+            self.ratio = 0.0 if ratio > 0 else at
+            side = "without hot rows" if ratio > 0 else f"at r {at:.3g}"
+            return ("baseline" if ratio > 0 else "confirm"), (
+                f"{seconds:.3f} {self.unit} {'with' if ratio > 0 else 'without'} hot rows; one more {side} "
+                f"({len(self._bracket)} of {self.BRACKET} epochs, alternating)")
+        hot = [b for b in self._bracket if b[1] > 0]
+        (fastest, at, share), without = min(hot, key=lambda b: b[0]), min(b[0] for b in self._bracket if b[1] == 0)
+        self._zero = without
+        # What the probe must beat, and what keeps reuse on: hysteresis, so that noise does not flip it back.
+        margin = {"first": self.FIRST_MARGIN, "recheck": self.MARGIN, "probe": 0.0}[self._kind]
+        times = lambda hot: " and ".join(f"{b[0]:.3f}" for b in self._bracket if (b[1] > 0) == hot)  # noqa: E731
+        measured = (f"{times(True)} {self.unit} per epoch with hot rows ({self._at(at, share)}), {times(False)} "
+                    f"without, alternating (the faster of each compared)")
+        if fastest >= without * (1 + margin):
+            self._phase, self._off, self.ratio = "off", 0, 0.0
+            verdict = "the probe did not pay" if self._kind == "probe" else "reuse does not pay"
+            return "off", f"{verdict}: {measured}"
+        self._phase, self._direction, self._step = "on", 1.0, 1.0
+        self._best, self._best_share = (fastest, at), share
+        self._set(self._next_positive(at))
+        verdict = ("the probe paid" if self._kind == "probe" else "reuse pays" if fastest < without else
+                   f"within {100 * margin:.0f}%{' (early in training)' if self._kind == 'first' else ''}: "
+                   f"later epochs decide")
+        return "on", f"{verdict}: {measured}"
 
     def _next_positive(self, base: float) -> float:
         if not self.shared_cores:
@@ -133,13 +174,6 @@ class HotRatioTuner:
         if self._step < self.MIN_STEP:
             return base
         return base * 2 ** (self._direction * self._step)
-
-    def _turn_off(self, seconds: float, ratio: float, cost: float | None) -> tuple[str, str]:
-        self._phase, self._off, self.ratio = "off", 0, 0.0
-        spent = "" if cost is None else (f": the hot rows cost the device {cost:.2f} s and spared it "
-                                         f"{self._zero - seconds + cost:.2f} s")
-        return "off", (f"reuse does not pay: {seconds:.3f} {self.unit} per epoch with hot rows "
-                       f"({self._at(ratio, self._share)}), {self._zero:.3f} {self.unit} without{spent}")
 
     @staticmethod
     def _at(ratio: float, share: float | None) -> str:
@@ -150,7 +184,8 @@ class HotRatioTuner:
     def state_dict(self) -> dict:
         return {"ratio": self.ratio, "history": self.history, "direction": self._direction, "step": self._step,
                 "best": self._best, "zero": self._zero, "phase": self._phase, "off": self._off,
-                "factor": self._factor, "warm": self._warm, "best_share": self._best_share}
+                "factor": self._factor, "warm": self._warm, "best_share": self._best_share,
+                "bracket": [list(b) for b in self._bracket], "kind": self._kind, "hot_share": self._hot_share}
 
     def load_state_dict(self, state: dict) -> None:
         self.ratio, self.history = state["ratio"], state["history"]
@@ -161,6 +196,13 @@ class HotRatioTuner:
         self._off, self._factor = state.get("off", 0), state.get("factor", 1.0)
         # Written before the first epoch with hot rows was a warm-up: taken as warm, as it tuned then.
         self._warm, self._best_share = state.get("warm", True), state.get("best_share")
+        # Written before decisions took a bracket of epochs: a pending baseline opens one on the best epoch.
+        self._bracket, self._kind = [tuple(b) for b in state.get("bracket", [])], state.get("kind", "first")
+        self._hot_share = state.get("hot_share")
+        if self._phase in ("baseline", "probe"):
+            self._bracket = [(*self._best, self._best_share)] if self._phase == "baseline" else \
+                [(self._zero, 0.0, None)]
+            self._kind, self._phase = ("first" if self._phase == "baseline" else "probe"), "bracket"
 
     def _set(self, ratio: float) -> None:
         self.ratio = float(min(self.HIGH, max(self.LOW, ratio)))
