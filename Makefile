@@ -10,8 +10,10 @@ STAMP := $(VENV)/.neutronorch-installed
 .PHONY: demo test test-fast clean
 
 PIP := $(VENV)/bin/pip install --disable-pip-version-check --progress-bar on
-# pytest's progress as [done/total] at each line's end, and the slowest tests at the end.
-PYTEST := $(VENV)/bin/python -m pytest -q -o console_output_style=count --durations=5
+# pytest's progress as [done/total] at each line's end, and the slowest tests at the end; TEST_WORKERS processes
+# run the tests side by side (pytest-xdist; each imports PyTorch: about 0.5 GB of memory a worker).
+TEST_WORKERS ?= 2
+PYTEST := $(VENV)/bin/python -m pytest -q -o console_output_style=count --durations=5 -n $(TEST_WORKERS)
 
 $(STAMP): pyproject.toml
 	@echo "==> setting up $(VENV) (once: PyTorch, numpy, numba, tqdm, pymetis and the test tools; about a minute)"

@@ -108,8 +108,8 @@ class HotRatioTuner:
         """An epoch with hot rows, outside a bracket."""
         if self._phase == "measure":  # the first bracket starts with this epoch
             self._open("first", (seconds, ratio, self._share), 0.0)
-            return "baseline", ("one epoch without hot rows, to measure what they save (two epochs with hot rows "
-                                "and two without, alternating, decide)")
+            return "baseline", ("one epoch without hot rows, to measure what they save: two epochs with hot rows "
+                                "and two without, alternating, decide")
         slower = self._zero is not None and seconds >= self._zero * (1 + self.MARGIN)
         if not self.shared_cores:
             if slower and not (host_behind and ratio > self.LOW):
