@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from neutronorch import TrainConfig, train
 from neutronorch.cli import main
-from neutronorch.data import load_dataset, load_native, load_tables
-from neutronorch.data.tabular import LIKE_IDS
+from neutronorch.cli.info import dataset_info
+from neutronorch.data import load_dataset, load_native, load_tables, load_typed_dataset
+from neutronorch.data.tabular import FEATURELESS, LIKE_IDS, NO_LABELS
 from neutronorch.errors import ConfigError, DataError
 
 N = 60
@@ -144,8 +146,15 @@ def test_convert_from_the_command_line_and_what_it_refuses(tmp_path, capsys):
     # Again over it: --overwrite replaces the dataset and what it keeps beside it.
     assert main(["convert", str(edges), str(out), "--features", str(x), "--labels", str(y), "--overwrite"]) == 0
     for argv, message in (
-            ([str(edges), str(tmp_path / "o2")], "an edge table; give its vertices' --features and --labels"),
-            ([str(edges), str(tmp_path / "o2"), "--features", str(x)], "give both --features and --labels"),
+            ([str(edges), str(tmp_path / "o2"), "--split", "ratio:0.5,0.2"], "--split ratio:0.5,0.2: splits the "
+                                                                              "labelled vertices of a node task, and "
+                                                                              "no labels are given"),
+            ([str(edges), str(tmp_path / "o2"), "--features", str(x), "--split", "edges:0.8,0.1"],
+             "--split edges:0.8,0.1: an edge split, drawn as a link task trains, not stored with the data"),
+            ([str(edges), str(tmp_path / "o2"), "--seed", "3"], "--seed 3: draws the split of the labelled vertices, "
+                                                                "and no --labels are given"),
+            ([str(edges), str(tmp_path / "o2"), "--label-column", "2"], "--label-column '2': picks the labels' column "
+                                                                        "of a label table, and none is given"),
             ([str(out), str(tmp_path / "o2"), "--directed"], "--directed, --header, --label-column and --name read")):
         assert main(["convert", *argv]) == 2
         err = capsys.readouterr().err
@@ -155,6 +164,36 @@ def test_convert_from_the_command_line_and_what_it_refuses(tmp_path, capsys):
         load_dataset(str(edges))
     with pytest.raises(ConfigError, match="`header` 'maybe'"):
         load_tables(edges, x, y, header="maybe")
+
+
+def test_an_edge_table_without_labels_is_a_link_tasks_graph_and_without_features_a_typed_one(tmp_path, capsys):
+    edges, x, _ = _write_named(tmp_path)
+    featured, alone = tmp_path / "featured", tmp_path / "alone"
+    assert main(["convert", str(edges), str(featured), "--features", str(x)]) == 0
+    assert main(["convert", str(edges), str(alone)]) == 0
+    assert main(["convert", str(edges), str(alone), "--overwrite"]) == 0  # a typed folder with its node_ids
+    printed = capsys.readouterr().out
+    assert "no labels to" in printed and "target vertex (no labels) to" in printed
+    graph, typed = load_native(featured), load_typed_dataset(str(alone))
+    assert graph.num_classes == 0 and (graph.labels == -1).all() and graph.feature_dim == 4 and graph.num_nodes == N
+    assert not any(len(part) for part in (graph.train_idx, graph.val_idx, graph.test_idx))
+    assert typed.features == {} and typed.labels is None and typed.num_nodes == {"vertex": N}
+    for folder in (featured, alone):
+        assert list(np.load(folder / "node_ids.npy")) == sorted(_world()[0])
+        assert NO_LABELS in dataset_info(str(folder))["notes"] and dataset_info(str(folder))["classes"] == 0
+    assert FEATURELESS in dataset_info(str(alone))["notes"]
+    # A node task is refused saying why and how to add labels; a link task trains on either.
+    assert main(["train", "--dataset", str(featured), "--epochs", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "edges: has no labels, so a node task has nothing to learn" in err
+    assert "convert them again with their labels" in err and "Traceback" not in err
+    with pytest.raises(DataError, match="has no labels, so a node task has nothing to learn"):
+        train(TrainConfig(dataset=str(alone), epochs=1, progress=False, stage_table=False))
+    for folder in (featured, alone):
+        summary = train(TrainConfig(dataset=str(folder), task="link", epochs=1, fanouts=[5, 5], hidden=16,
+                                    eval_negatives=20, progress=False, stage_table=False, device="cpu"))
+        assert summary["status"] == "completed" and summary["link"]["edges"]["val"] > 0
+    assert summary["model"]["typed"] and summary["embedding_tables"]["tables"] == {"vertex": [N, 16]}
 
 
 def test_pairs_given_by_the_tables_names_are_refused_saying_how_to_number_them(tmp_path, capsys):

@@ -20,18 +20,17 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from neutronorch.data.tabular import LIKE_IDS, SNAP_SUFFIXES, is_table, load_tables, only_a_table
 
     t0 = time.perf_counter()
-    tables = args.features is not None or args.labels is not None
-    if tables and (args.features is None or args.labels is None):
-        raise ConfigError(f"give both --features and --labels with your edge table {args.source} (the native format "
-                          f"holds a node-classification graph: a feature row and a label per vertex; a vertex may "
-                          f"lack a label).")
-    jodie = not tables and is_table(args.source) and is_jodie(args.source)  # interactions with times
-    if not tables and not jodie and only_a_table(args.source):
-        raise ConfigError(f"{args.source}: an edge table; give its vertices' --features and --labels tables too "
-                          f"(docs/datasets.md, \"Your own tables\").")
+    given = args.features is not None or args.labels is not None
+    jodie = not given and is_table(args.source) and is_jodie(args.source)  # interactions with times
+    # Your own tables: an edge table, alone (a link task's graph) or with --features and --labels, each optional.
+    tables = given or (not jodie and only_a_table(args.source))
     if not tables and (args.directed or args.header != "auto" or args.name is not None or args.label_column):
         raise ConfigError("--directed, --header, --label-column and --name read your own tables: give SOURCE as your "
-                          "edge table with --features and --labels.")
+                          "edge table (.csv, .json or .npy; a SNAP edge list with --features or --labels).")
+    if tables and args.labels is None and args.seed:
+        raise ConfigError(f"--seed {args.seed}: draws the split of the labelled vertices, and no --labels are given, "
+                          f"so none is drawn; leave --seed out (train --task link --seed S seeds the edge split), or "
+                          f"give --labels.")
     if jodie and (args.split is not None or args.seed):
         raise ConfigError(f"{args.source}: a JODIE/TGN interaction file has no vertex labels to split; leave --split "
                           f"and --seed out (docs/temporal.md).")
@@ -39,7 +38,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         what = "your edge table" if tables else "a JODIE/TGN file, whose times are always kept"
         raise ConfigError(f"--times: {args.source} is {what}; --times reads the years of an OGB node dataset folder "
                           f"(docs/temporal.md).")
-    typed = jodie or (not tables and is_typed_dataset(args.source))
+    typed = jodie or (args.features is None if tables else is_typed_dataset(args.source))  # featureless: typed
     reads = [Path(p) for p in (args.source, args.features, args.labels, args.split) if p and is_table(p)] if tables \
         else [Path(args.source)] if jodie else dataset_paths(args.source)
     check_native_out("OUT_DIR", args.out_dir, reads, args.overwrite, typed)
@@ -77,7 +76,7 @@ def write_dataset(graph, out: str, args: argparse.Namespace, t0: float, kept: di
     check_space("out" if args.command == "generate" else "OUT_DIR", out,
                 sum(int(array.nbytes) for array in graph.arrays() if array is not None))
     if typed:
-        write_typed(graph, out, overwrite=args.overwrite)
+        write_typed(graph, out, overwrite=args.overwrite, kept=kept)
     else:
         save_native(graph, out, overwrite=args.overwrite, kept=kept)
     print(f"wrote {graph.describe().splitlines()[0]} to {out} in {time.perf_counter() - t0:.1f}s")

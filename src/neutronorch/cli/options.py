@@ -203,8 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_convert_options(convert: argparse.ArgumentParser) -> None:
     convert.add_argument("source", help="what to read: a dataset spec as train's --dataset (docs/datasets.md), "
-                                        "your edge table (with --features, --labels) or a JODIE/TGN interaction "
-                                        "CSV (docs/temporal.md)")
+                                        "your edge table or a JODIE/TGN interaction CSV (docs/temporal.md)")
     convert.add_argument("out_dir", help="output directory")
     convert.add_argument("--split", default=None, help=(
         "for data without a split: ratio:TRAIN,VAL or per-class:TRAIN,VAL (default: the data's own, else "
@@ -214,9 +213,10 @@ def _add_convert_options(convert: argparse.ArgumentParser) -> None:
     tables = convert.add_argument_group(
         "your own tables", "SOURCE is your edge table ('src,dst' lines, .npy or JSON); ids other than 0..n-1 are "
         "renumbered, kept in OUT_DIR/node_ids.npy (docs/datasets.md)")
-    tables.add_argument("--features", metavar="FILE", help="'id,x1,x2,...' lines, a .npy in id order, or JSON")
-    tables.add_argument("--labels", metavar="FILE", help="'id,label' lines (a class number or name; a vertex left "
-                                                        "out has none), in id order, or JSON")
+    tables.add_argument("--features", metavar="FILE", help="'id,x1,x2,...' lines, a .npy in id order, or JSON "
+                                                          "(none: each vertex learns an embedding)")
+    tables.add_argument("--labels", metavar="FILE", help="'id,label' lines (a class number or name), in id order, "
+                                                        "or JSON (none: for --task link only)")
     tables.add_argument("--label-column", metavar="COL", help="the labels' column: header name or index from 0")
     tables.add_argument("--directed", action="store_true", help="messages only from each edge's first to second id")
     tables.add_argument("--header", choices=HEADERS, default="auto",
