@@ -17,6 +17,7 @@ from neutronorch.cli import main
 from neutronorch.cli.info import dataset_info
 from neutronorch.data import load_dataset, load_native, load_tables, load_typed_dataset
 from neutronorch.data.tabular import FEATURELESS, LIKE_IDS, NO_LABELS
+from neutronorch.data.text_tables import from_text
 from neutronorch.errors import ConfigError, DataError
 
 N = 60
@@ -368,3 +369,44 @@ def test_the_real_facebook_page_table_needs_its_label_column(tmp_path):
     graph, kept = load_tables(*paths, label_column="page_type")
     assert list(kept["class_names"]) == ["company", "government", "politician", "tvshow"]
     assert graph.num_nodes == 22470 and np.bincount(graph.labels).min() > 3000
+
+
+# ----- a header of words over columns of words ---------------------------------------------------------------
+
+_FIELDS = ("cs.AI", "cs.LG", "math.CO")
+
+
+@pytest.mark.parametrize("head, cell, named", [
+    # A header of words over columns of words: a cell of another kind of characters, or a word the column's
+    # repeated values never hold.
+    ("node,category", lambda i, names: f"{names[i]},{_FIELDS[i % 3]}", True),      # p17 and cs.AI: other kinds
+    ("paper,subject", lambda i, names: f"{names[i]},{('physics', 'math', 'art')[i % 3]}", True),  # words recur
+    ("subject", lambda i, names: ("physics", "math", "art")[i % 3], True),          # labels alone, in id order
+    ("Id;Field of study", lambda i, names: f"{names[i]};{_FIELDS[i % 3]}", True),  # spaces, capitals, ';'
+    ("id,category", lambda i, names: f"{i},{_FIELDS[i % 3]}", True),               # numbers below a word
+    # No header: a first row of data, whose class comes again below, or a number.
+    ("p999,cs.LG", lambda i, names: f"{names[i]},{_FIELDS[i % 3]}", False),
+    ("math", lambda i, names: ("physics", "math", "art")[i % 3], False),
+    ("p999,1", lambda i, names: f"{names[i]},{i % 3}", False),
+    ("alice,bob", lambda i, names: f"{('bob', 'carol', 'alice')[i % 3]},{('dave', 'alice', 'erin')[i % 4 % 3]}",
+     False),                                                                        # vertices named again below
+])
+def test_a_header_of_words_is_told_from_a_first_row_of_data(tmp_path, head, cell, named):
+    names = [f"p{i}" for i in range(N)]
+    path = tmp_path / "y.csv"
+    path.write_text(f"{head}\n" + "".join(f"{cell(i, names)}\n" for i in range(N)))
+    table = from_text(path, "labels", "auto")
+    assert ("no header" not in table.said) == named, table.said
+    rows = (table.ids if table.ids is not None else table.values).shape[0]
+    assert rows == N + (not named)  # the first line read as a row exactly when it is no header
+    assert ("no header" in from_text(path, "labels", "no").said and
+            "no header" not in from_text(path, "labels", "yes").said)  # --header overrides
+
+
+def test_a_label_table_of_words_under_a_header_of_words_converts_with_its_classes(tmp_path):
+    names, src, dst, classes, x = _world()
+    edges, xfile, _ = _write_named(tmp_path)
+    (tmp_path / "y.csv").write_text("paper,field\n" + "".join(f"{names[i]},{_FIELDS[classes[i]]}\n" for i in range(N)))
+    graph, kept = load_tables(edges, xfile, tmp_path / "y.csv")
+    assert graph.num_nodes == N and list(kept["class_names"]) == list(_FIELDS)
+    assert any("labels y.csv (','-separated, header paper,field)" in note for note in graph.notes)
