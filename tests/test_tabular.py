@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neutronorch import TrainConfig, train
+from neutronorch import TrainConfig, embed, predict, score_pairs, train
 from neutronorch.cli import main
 from neutronorch.cli.info import dataset_info
 from neutronorch.data import load_dataset, load_native, load_tables, load_typed_dataset
@@ -197,19 +197,71 @@ def test_an_edge_table_without_labels_is_a_link_tasks_graph_and_without_features
     assert summary["model"]["typed"] and summary["embedding_tables"]["tables"] == {"vertex": [N, 16]}
 
 
-def test_pairs_given_by_the_tables_names_are_refused_saying_how_to_number_them(tmp_path, capsys):
+def test_predict_and_embed_read_your_tables_ids_on_a_renumbered_dataset(tmp_path, capsys):
     edges, x, y = _write_named(tmp_path)
     out = tmp_path / "out"
     assert main(["convert", str(edges), str(out), "--features", str(x), "--labels", str(y)]) == 0
-    (tmp_path / "pairs.txt").write_text("v001 v002\n")
+    small = dict(dataset=str(out), fanouts=[5, 5], hidden=8, epochs=1, progress=False, stage_table=False, device="cpu")
+    train(TrainConfig(**small, checkpoint_dir=str(tmp_path / "node")))
+    train(TrainConfig(**small, task="link", eval_negatives=20, checkpoint_dir=str(tmp_path / "link")))
+    node, link, graph = tmp_path / "node" / "best.pt", tmp_path / "link" / "best.pt", load_native(out)
+    asked = ["v013", "v002", "v013", "v041"]  # as the tables write them, one twice; their vertices in this order:
+    vertices = np.searchsorted(np.load(out / "node_ids.npy"), asked)
+    assert sorted(set(vertices)) != sorted(set(range(4))) and list(np.load(out / "node_ids.npy")[vertices]) == asked
+    (tmp_path / "nodes.txt").write_text("# mine\nv013\nv002, v013 v041\n")
+    np.save(tmp_path / "nodes.npy", np.array(asked))
+    (tmp_path / "pairs.txt").write_text("v013 v002\nv041,v013\n")
+    np.save(tmp_path / "pairs.npy", np.array([["v013", "v041", "v002"], ["v002", "v013", "v002"]]))  # (2, P)
+    base = ["--dataset", str(out), "--device", "cpu", "--no-progress", "--out"]
     capsys.readouterr()
-    assert main(["predict", "--checkpoint", str(tmp_path / "best.pt"), "--dataset", str(out), "--pairs",
-                 str(tmp_path / "pairs.txt"), "--out", str(tmp_path / "s.npy")]) == 2
+    for name in ("nodes.txt", "nodes.npy"):
+        assert main(["predict", "--checkpoint", str(node), *base, str(tmp_path / f"p-{name}.npy"), "--nodes",
+                     str(tmp_path / name)]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / f"p-{name}.npy"), predict(str(node), graph, vertices))
+        assert main(["embed", "--checkpoint", str(node), *base, str(tmp_path / f"e-{name}.npy"), "--nodes",
+                     str(tmp_path / name), "--layer", "1"]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / f"e-{name}.npy"), embed(str(node), graph, 1, vertices))
+    assert f"read 4 ids of {tmp_path / 'nodes.txt'} as your tables' ids" in capsys.readouterr().out
+    for name, pairs in (("pairs.txt", [[0, 1], [3, 0]]), ("pairs.npy", [[0, 1], [3, 0], [1, 1]])):
+        assert main(["predict", "--checkpoint", str(link), *base, str(tmp_path / f"s-{name}.npy"), "--pairs",
+                     str(tmp_path / name)]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / f"s-{name}.npy"),
+                                      score_pairs(str(link), graph, vertices[np.array(pairs)], layout="rows"))
+    # Ids the tables do not hold are refused, named with their lines; vertex numbers are not read as ids.
+    (tmp_path / "bad.txt").write_text("v013\nv999 7\n")
+    (tmp_path / "numbers.txt").write_text("0 1\n")
+    for flag, name, checkpoint, message in (
+            ("--nodes", "bad.txt", node, "bad.txt: 2 ids not among your tables' ids (" + str(out / "node_ids.npy")
+             + "), such as 'v999' (line 2), '7' (line 2); give ids as your tables write them."),
+            ("--pairs", "numbers.txt", link, "numbers.txt: 2 ids not among your tables' ids"),
+            ("--pairs", "bad.txt", link, "bad.txt: line 1 holds 1 id(s); give two per line")):
+        assert main(["predict", "--checkpoint", str(checkpoint), *base, str(tmp_path / "x.npy"), flag,
+                     str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert not (tmp_path / "x.npy").exists()
+
+
+def test_whole_number_ids_with_gaps_are_read_as_ids_and_vertex_numbers_are_refused_saying_why(tmp_path, capsys):
+    names, src, dst, classes, x = _world()
+    big = np.arange(N) * 1000 + 7  # whole numbers, not 0..n-1
+    (tmp_path / "e.csv").write_text("".join(f"{big[a]},{big[b]}\n" for a, b in zip(src, dst)))
+    (tmp_path / "x.csv").write_text("".join(f"{big[i]}," + ",".join(map(str, x[i])) + "\n" for i in range(N)))
+    out = tmp_path / "out"
+    assert main(["convert", str(tmp_path / "e.csv"), str(out), "--features", str(tmp_path / "x.csv")]) == 0
+    np.testing.assert_array_equal(np.load(out / "node_ids.npy"), big)
+    train(TrainConfig(dataset=str(out), task="link", fanouts=[5, 5], hidden=8, epochs=1, eval_negatives=20,
+                      checkpoint_dir=str(tmp_path / "link"), progress=False, stage_table=False, device="cpu"))
+    link = str(tmp_path / "link" / "best.pt")
+    np.save(tmp_path / "pairs.npy", np.array([[1007, 7], [59007, 2007], [7, 7]], dtype=np.uint32))  # (P, 2)
+    (tmp_path / "numbers.txt").write_text("1 0\n")
+    base = ["predict", "--checkpoint", link, "--dataset", str(out), "--device", "cpu", "--no-progress", "--pairs"]
+    assert main([*base, str(tmp_path / "pairs.npy"), "--out", str(tmp_path / "s.npy")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "s.npy"), score_pairs(link, load_native(out), [[1, 0], [59, 2], [0, 0]]))
+    assert main([*base, str(tmp_path / "numbers.txt"), "--out", str(tmp_path / "t.npy")]) == 2
     err = capsys.readouterr().err
-    assert "numbered the ids of your tables 0..n-1 in sorted order: give those numbers" in err
-    assert f"np.searchsorted(np.load('{out / 'node_ids.npy'}'), your_ids)" in err and "Traceback" not in err
-    ids = np.load(out / "node_ids.npy")
-    assert list(np.searchsorted(ids, ["v001", "v002"])) == [1, 2] and list(ids[[1, 2]]) == ["v001", "v002"]
+    assert "numbers.txt: 2 ids not among your tables' ids" in err and "such as '1' (line 1), '0' (line 1)" in err
+    assert "reads your ids, not vertex numbers: vertex k's id is row k of node_ids.npy" in err
 
 
 # ----- a label table of several columns, labels that look like ids, notes that stay short ----------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from neutronorch.cli.again import resume_command, to_console_log
 from neutronorch.cli.convert import check_native_out, cmd_convert, write_dataset
-from neutronorch.cli.info import dataset_info, renumbered
+from neutronorch.cli.info import dataset_info
 from neutronorch.cli.options import RUN_FOLDER_KEYS, TEMPORAL_ONLY, build_parser
 from neutronorch.cli.partition import cmd_partition
 from neutronorch.cli.progress import ProgressBar
@@ -208,9 +208,10 @@ def _generate_temporal(args: argparse.Namespace, given: dict, t0: float) -> int:
 
 def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     """predict's (``pairs``: whether --pairs is given) and embed's shared part, ordered so that a wrong
-    request fails before a large dataset is read. Returns the checkpoint, the graph and the call's options."""
+    request fails before a large dataset is read. Returns the checkpoint, the graph, --nodes as predict and
+    embed take it (``given_ids``) and the call's options."""
+    from neutronorch.cli.ids import given_ids
     from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_checkpoint
-    from neutronorch.train.link_predict import read_pairs
     from neutronorch.train.predict import check_asked, check_task
     from neutronorch.train.prediction_io import NODE_SETS, check_output_path
     from neutronorch.train.resources import resolve_device
@@ -224,17 +225,15 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     reads = {"checkpoint": [args.checkpoint], "dataset": dataset_paths(args.dataset),
              "nodes": [] if args.nodes in (None, *NODE_SETS) else [args.nodes], "pairs": [given] if given else []}
     check_output_path(args.out, scratch, reads, args.overwrite)
-    try:  # read once, here, so a bad file fails before the data loads; the file stays named in later errors
-        options = {"pairs": read_pairs(given), "layout": "columns", "source": given} if pairs else {}
-    except ConfigError as exc:
-        raise ConfigError(f"{exc}{renumbered(args.dataset)}") from None
+    # Read once, here, so a bad file fails before the data loads (your tables' ids where convert renumbered them).
+    nodes, options = given_ids(args)
     checkpoint = load_checkpoint(args.checkpoint, kind=TYPED if typed else HOMOGENEOUS)
     if pairs is not None:
         check_task(checkpoint, pairs)
     graph = (load_typed_dataset if typed else load_dataset)(args.dataset)
     options.update(device=str(device), out=args.out, scratch=scratch, overwrite=args.overwrite,
                    progress=ProgressBar("layer", "vertex") if args.progress else None)
-    return checkpoint, graph, options
+    return checkpoint, graph, nodes, options
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
@@ -247,14 +246,14 @@ def _cmd_predict(args: argparse.Namespace) -> int:
                           f"pairs with a link checkpoint; `nodes` chooses the vertices a node-classification "
                           f"checkpoint classifies.")
     args.nodes = "test" if args.nodes is None and not pairs else args.nodes
-    checkpoint, graph, options = _inference(args, pairs=pairs)
+    checkpoint, graph, nodes, options = _inference(args, pairs=pairs)
     if pairs:  # a link checkpoint's score of each pair: its logit, or --probabilities
         out = score_pairs(checkpoint, graph, probabilities=args.probabilities, **options)
         what = "probabilities" if args.probabilities else "logits"
         print(f"scored {out.shape[0]:,} pairs of {graph.name} ({what}), wrote them to {args.out} in "
               f"{time.perf_counter() - t0:.1f}s")
         return 0
-    out = predict(checkpoint, graph, args.nodes, args.probabilities, **options)
+    out = predict(checkpoint, graph, nodes, args.probabilities, **options)
     line = f"wrote {out.shape[0]:,} predictions of {graph.name} to {args.out} in {time.perf_counter() - t0:.1f}s"
     if args.nodes in ("test", "val", "train"):
         metric, value = prediction_score(graph, args.nodes, out, args.probabilities)
@@ -267,8 +266,8 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     from neutronorch.train.predict import embed
 
     t0 = time.perf_counter()
-    checkpoint, graph, options = _inference(args)
-    out = embed(checkpoint, graph, args.layer, args.nodes, node_type=args.node_type, **options)
+    checkpoint, graph, nodes, options = _inference(args)
+    out = embed(checkpoint, graph, args.layer, nodes, node_type=args.node_type, **options)
     which = ("the last hidden layer" if args.layer is None else f"layer {args.layer}") + (
         f", vertex type {args.node_type}" if args.node_type else "")
     print(f"wrote {out.shape[0]:,} x {out.shape[1]} embeddings ({which}) of {graph.name} to {args.out} in "

@@ -298,8 +298,8 @@ def _add_write_options(parser: argparse.ArgumentParser, out: str, same: str = ""
 def _add_predict_options(pred: argparse.ArgumentParser, full: bool = False) -> None:
     own = {"--pairs": dict(metavar="FILE", help=(
         "score these vertex pairs with a link checkpoint (instead of --nodes): a text file of 'u v' or 'u,v' "
-        "lines, or a .npy file of a (P, 2) or (2, P) integer array (2 x 2 is ambiguous and refused: give a "
-        "text file)")),
+        "lines, or a .npy file of a (P, 2) or (2, P) array (2 x 2 is ambiguous and refused: give a text "
+        "file); ids as for --nodes")),
            "--probabilities": dict(action="store_true", help=(
         "write class probabilities (one float32 row per vertex) instead of classes; with --pairs, each "
         "pair's probability (the sigmoid of its logit)"))}
@@ -328,8 +328,9 @@ def _inference_options(parser: argparse.ArgumentParser, full: bool, add_options,
     parser.add_argument("--dataset", required=True, metavar="SPEC", help=f"dataset spec: {DATASET_SPEC_HELP}"
                         if full else "the dataset, as train's --dataset takes it")
     parser.add_argument("--out", required=True, metavar="PATH", help=f"write {out}")
-    parser.add_argument("--nodes", default=nodes, help="test, val, train, all, or a .npy file of vertex ids "
-                                                       f"(default: {nodes or 'test'})")
+    parser.add_argument("--nodes", default=nodes, help="test, val, train, all, or a file of ids (.npy, or text: "
+                                                       "one a line, or separated by commas or spaces; your tables' "
+                                                       f"where convert renumbered them) (default: {nodes or 'test'})")
     for flag, kwargs in own.items():
         parser.add_argument(flag, **kwargs)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
