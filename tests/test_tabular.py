@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -369,14 +370,31 @@ def test_a_wide_header_is_quoted_by_a_few_names_and_ignored_columns_and_renumber
     assert max(map(len, printed)) < 300, printed
     assert "features x.csv (','-separated, header id, f0, f1, ..., f99 (101 columns))" in printed[0]
     assert "e.tsv: 2 columns after the first two (weight,time) not used" in printed
-    assert (f"vertex ids renumbered 0..{N - 1} in sorted order; node_ids.npy keeps each vertex's id in the files"
-            in printed)
+    assert (f"{N} vertex ids renumbered 0..{N - 1} in sorted order; node_ids.npy keeps each vertex's id in the "
+            f"files" in printed)
     graph = load_native(out)
     assert graph.notes[:len(printed) - 1] == printed[:-1]  # info and train say what convert said
     np.testing.assert_array_equal(graph.features[np.searchsorted(np.load(out / "node_ids.npy"), names)], wide)
     (tmp_path / "h.csv").write_text("id," + ",".join(f"f{j}" for j in range(100)) + "\n")
     with pytest.raises(DataError, match=r"h.csv: holds a header \(id, f0, f1, ..., f99 \(101 columns\)\) and no rows"):
         load_tables(tmp_path / "e.tsv", tmp_path / "h.csv", tmp_path / "y.csv", header="yes")
+
+
+def test_counts_in_what_convert_and_info_say_have_thousands_separators(tmp_path, capsys):
+    n = 1200
+    ring = lambda step: "".join(f"{i * step},{(i + 1) % n * step}\n" for i in range(n))  # noqa: E731
+    (tmp_path / "gaps.csv").write_text(ring(10))  # ids 0, 10, ...: renumbered
+    (tmp_path / "plain.csv").write_text(ring(1))  # ids 0..n-1
+    np.save(tmp_path / "x.npy", np.ones((n, 1001), np.float32))
+    (tmp_path / "y.txt").write_text("".join(f"{i % 2}\n" for i in range(n)))
+    assert main(["convert", str(tmp_path / "gaps.csv"), str(tmp_path / "a")]) == 0
+    assert main(["convert", str(tmp_path / "plain.csv"), str(tmp_path / "b"), "--features", str(tmp_path / "x.npy"),
+                 "--labels", str(tmp_path / "y.txt")]) == 0
+    printed = capsys.readouterr().out.replace(str(tmp_path), "TMP")
+    assert "1,200 vertex ids renumbered 0..1199 in sorted order" in printed
+    assert "features x.npy (1,200 x 1,001 array)" in printed and "2,400 edges, 1,001 features, 2 classes" in printed
+    said = printed + "\n".join(dataset_info(str(tmp_path / "b"))["notes"] + dataset_info(str(tmp_path / "a"))["notes"])
+    assert re.findall(r"(?<![\d.,])\d{4,}", said) == [], said  # whole counts of 4 digits or more: none (0..1199 aside)
 
 
 def test_a_snap_edge_list_says_the_columns_it_does_not_use(tmp_path, capsys):

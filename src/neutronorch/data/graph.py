@@ -139,13 +139,13 @@ class Graph(GraphCommon):
         return [getattr(self, name) for name in ARRAYS] + [self.edge_time, self.node_time]
 
     def describe(self) -> str:
-        task = (f"{self.num_classes} classes, split {len(self.train_idx):,}/{len(self.val_idx):,}/"
+        task = (f"{self.num_classes:,} classes, split {len(self.train_idx):,}/{len(self.val_idx):,}/"
                 f"{len(self.test_idx):,}" if self.num_classes else "no labels")
         tasks = [task] if self.links is None or self.num_classes else []
         tasks += [self.links.describe()] if self.links is not None else []
         tasks += [line for line in (describe_times(self.edge_time, "edge times"),
                                     describe_times(self.node_time, "vertex times")) if line]
-        return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, {self.feature_dim} features, "
+        return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, {self.feature_dim:,} features, "
                 f"{', '.join(tasks)}")
 
     def validate(self, source: str, files: dict[str, str] | None = None, classes: bool = True) -> "Graph":

@@ -106,8 +106,8 @@ def load_tables(edges: str | os.PathLike, features: str | os.PathLike | None = N
              "messages pass from each edge's first id to its second" if directed else "edges made undirected"]
     notes += [f"{table.path.name}: {table.ignored} not used" for table in (edge_table, *tables) if table.ignored]
     if node_ids is not None:
-        notes.append(f"vertex ids renumbered 0..{num_nodes - 1} in sorted order; node_ids.npy keeps each "
-                     f"vertex's id in the files")
+        notes.append(f"{num_nodes:,} vertex ids renumbered 0..{num_nodes - 1} in sorted order; node_ids.npy "
+                     f"keeps each vertex's id in the files")
     notes += _like_ids(y, label_table) if label_table else [NO_LABELS]
     none = np.empty(0, np.int64)
     graph = Graph.from_arrays(ends[:, 0], ends[:, 1], x, y, _split_sets(split_table, number) if split_table else
@@ -177,7 +177,7 @@ def _read(path: Path, role: str, header: str, label_column: str | int | None = N
 
 
 def _from_array(path: Path, role: str, array: np.ndarray) -> Column:
-    said = f"{role} {path.name} ({'x'.join(map(str, array.shape))} array)"
+    said = f"{role} {path.name} ({' x '.join(f'{size:,}' for size in array.shape)} array)"
     if role == "edges":
         if array.ndim != 2 or 2 not in array.shape or array.shape == (2, 2) or array.dtype.kind not in "iu":
             raise DataError(f"{path}: holds a {array.dtype} array of shape {array.shape}; an edge array is an "

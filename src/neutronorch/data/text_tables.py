@@ -150,14 +150,14 @@ def pick_label_column(path: Path, names: list[str] | None, rows: list[list[str]]
         if width <= 2:
             return width - 1
         fewest = min(range(1, width), key=lambda j: (len({row[j] for row in rows}), -j))  # the likeliest labels
-        raise DataError(f"{path}: holds {width - 1} columns after the id {listing}; a label table gives one label "
+        raise DataError(f"{path}: holds {width - 1:,} columns after the id {listing}; a label table gives one label "
                         f"per vertex. Name the labels' column with `label_column` (a header name, or an index from "
                         f"0; 0 is the ids), such as `label_column`={names[fewest] if names else fewest}, or give "
                         f"'id,label' lines.")
     index = _column_index(pick, names)
     if index is None or not 0 <= index < width:
         what = (f"names no column of the header {shown_names(names)}" if names and index is None else
-                f"is not one of its {width} columns (0..{width - 1})" if index is not None else
+                f"is not one of its {width:,} columns (0..{width - 1})" if index is not None else
                 "is no index, and the table has no header naming its columns")
         raise DataError(f"{path}: `label_column` {pick!r} {what}; give the header name or the index from 0 of "
                         f"one of the columns after the id {listing}.")
