@@ -214,11 +214,13 @@ def test_every_readme_command_runs_in_a_smoke_form(tmp_path, monkeypatch):
             if argv[0] in ("predict", "embed"):
                 assert checkpoint is not None, f"README shows {argv[0]} before any train line with --checkpoint-dir"
                 argv[argv.index("--checkpoint") + 1] = checkpoint
-            if argv[0] == "convert" and "--features" in argv:  # your own tables: a ring of 20 named vertices
+            if argv[0] == "convert" and argv[1].endswith(".csv"):  # your own tables: a ring of 20 named vertices
                 names = [f"n{i}" for i in range(20)]
-                table = {argv[1]: "src,dst\n" + "".join(f"{a},{names[i - 1]}\n" for i, a in enumerate(names)),
-                         argv[argv.index("--features") + 1]: "".join(f"{a},{i},1\n" for i, a in enumerate(names)),
-                         argv[argv.index("--labels") + 1]: "".join(f"{a},{i % 2}\n" for i, a in enumerate(names))}
+                table = {argv[1]: "src,dst\n" + "".join(f"{a},{names[i - 1]}\n" for i, a in enumerate(names))}
+                for flag, row in (("--features", "{a},{i},1\n"), ("--labels", "{a},{c}\n")):  # each optional
+                    if flag in argv:
+                        table[argv[argv.index(flag) + 1]] = "".join(row.format(a=a, i=i, c=i % 2)
+                                                                    for i, a in enumerate(names))
                 for path, text in table.items():
                     Path(path).write_text(text)
                 if "--split" in argv:

@@ -108,7 +108,7 @@ def test_the_other_label_set(tiny):
     folder, written = tiny
     graph = load_igbh(folder, classes=2983)
     np.testing.assert_array_equal(graph.labels, written[2983])
-    assert graph.num_classes == 2983 and "node_label_2K.npy (2983 classes)" in graph.notes[1]
+    assert graph.num_classes == 2983 and "node_label_2K.npy (2,983 classes)" in graph.notes[1]
     with pytest.raises(DataError, match="classes 7; IGBH labels papers with 19 or 2983"):
         load_igbh(folder, classes=7)
     (folder / "processed" / "paper" / "node_label_2K.npy").unlink()

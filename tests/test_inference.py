@@ -134,8 +134,26 @@ def test_vertex_ids_held_in_memory_are_taken_as_a_npy_file_is(graph, tmp_path):
                          ([[0], [1, 2]], "cannot be read as an array")):
         with pytest.raises(ConfigError, match=rf"`nodes` \(vertex ids given in memory\): .*{message}"):
             predict(checkpoint, graph, nodes=bad)
-    with pytest.raises(ConfigError, match="an existing .npy file of vertex ids, or the ids"):
+    with pytest.raises(ConfigError, match=r"an existing file of vertex ids \(.npy, or text\), or the ids"):
         predict(checkpoint, graph, nodes=tmp_path / "missing.npy")
+
+
+def test_a_text_file_of_vertex_ids_is_read_as_a_npy_file_is(graph, tmp_path):
+    checkpoint = _checkpoint(graph)
+    ids = np.array([699, 3, 3, 250, 0])
+    want = predict(checkpoint, graph, ids)
+    for text in ("699\n3\n3\n250\n0\n", "# mine\n699, 3,3\n\n250 0  # two\n", "699 3 3 250 0"):
+        (tmp_path / "ids.txt").write_text(text)
+        np.testing.assert_array_equal(predict(checkpoint, graph, tmp_path / "ids.txt"), want)
+        np.testing.assert_array_equal(embed(checkpoint, graph, layer=1, nodes=str(tmp_path / "ids.txt")),
+                                      embed(checkpoint, graph, layer=1, nodes=ids))
+    for text, message in (("1\n2\nv7\n", r"line 3 holds 'v7', not a vertex number"),
+                          ("# none\n\n", "holds no ids"), ("1\n1.5\n", r"line 2 holds '1.5'"),
+                          ("3\n700\n", r"1 vertex id out of range, the first 700 \(entry 1\); vertex ids must be "
+                                        r"in 0\.\.699")):
+        (tmp_path / "ids.txt").write_text(text)
+        with pytest.raises(ConfigError, match=rf"`nodes` {tmp_path / 'ids.txt'}: {message}"):
+            predict(checkpoint, graph, tmp_path / "ids.txt")
 
 
 @pytest.mark.parametrize("kind, options", [("sage", {}), ("gcn", {}), ("gcn", {"gcn_norm": "mean"}),

@@ -239,8 +239,10 @@ def test_a_link_only_graph_validates_without_labels_and_a_bad_split_does_not():
                                     test_idx=np.empty(0, np.int64), links=_split())
     link_only.validate("g")
     assert "classes" not in link_only.describe() and "links 3/3/3 undirected" in link_only.describe()
-    with pytest.raises(DataError, match="num_classes is 0"):  # no links: still a node task, which needs classes
-        dataclasses.replace(link_only, links=None).validate("g")
+    # No links and no split either: a graph without labels, for a link task to split as it trains.
+    assert "no labels" in dataclasses.replace(link_only, links=None).validate("g").describe()
+    with pytest.raises(DataError, match="num_classes is 0"):  # no links and a split: a node task, which needs classes
+        dataclasses.replace(link_only, links=None, train_idx=np.arange(3)).validate("g")
     with pytest.raises(DataError, match="test names vertex"):
         dataclasses.replace(link_only, links=_split(test=np.array([[0], [N]]))).validate("g")
 

@@ -164,7 +164,7 @@ def _read_text(path: Path) -> str:
 @pytest.mark.parametrize("file, text, message", [
     ("num-edge-list.csv.gz", f"{E + 1}\n", r"edge\.csv\.gz: holds 1800 values, but .*num-edge-list\.csv\.gz says 901"),
     ("num-edge-list.csv.gz", f"{E - 1}\n", r"edge\.csv\.gz: holds more than the 1798 values expected"),
-    ("num-edge-list.csv.gz", "1000000000000\n", r"edge\.csv\.gz: .*says 1000000000000 edges.*holds at most"),
+    ("num-edge-list.csv.gz", "1000000000000\n", r"edge\.csv\.gz: .*says 1,000,000,000,000 edges.*holds at most"),
     ("num-node-list.csv.gz", f"{N + 5}\n", r"node-label\.csv\.gz: holds 200 values, but .*says 205 vertices"),
     ("num-node-list.csv.gz", f"{N - 5}\n", r"node-label\.csv\.gz: holds more than the 195 values"),
     ("num-node-list.csv.gz", "-3\n", r"num-node-list\.csv\.gz: holds \[-3\], expected one count"),

@@ -7,14 +7,18 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from neutronorch import TrainConfig, embed, predict, score_pairs, train
 from neutronorch.cli import main
-from neutronorch.data import load_dataset, load_native, load_tables
-from neutronorch.data.tabular import LIKE_IDS
+from neutronorch.cli.info import dataset_info
+from neutronorch.data import load_dataset, load_native, load_tables, load_typed_dataset
+from neutronorch.data.tabular import FEATURELESS, LIKE_IDS, NO_LABELS
+from neutronorch.data.text_tables import from_text
 from neutronorch.errors import ConfigError, DataError
 
 N = 60
@@ -144,8 +148,15 @@ def test_convert_from_the_command_line_and_what_it_refuses(tmp_path, capsys):
     # Again over it: --overwrite replaces the dataset and what it keeps beside it.
     assert main(["convert", str(edges), str(out), "--features", str(x), "--labels", str(y), "--overwrite"]) == 0
     for argv, message in (
-            ([str(edges), str(tmp_path / "o2")], "an edge table; give its vertices' --features and --labels"),
-            ([str(edges), str(tmp_path / "o2"), "--features", str(x)], "give both --features and --labels"),
+            ([str(edges), str(tmp_path / "o2"), "--split", "ratio:0.5,0.2"], "--split ratio:0.5,0.2: splits the "
+                                                                              "labelled vertices of a node task, and "
+                                                                              "no labels are given"),
+            ([str(edges), str(tmp_path / "o2"), "--features", str(x), "--split", "edges:0.8,0.1"],
+             "--split edges:0.8,0.1: an edge split, drawn as a link task trains, not stored with the data"),
+            ([str(edges), str(tmp_path / "o2"), "--seed", "3"], "--seed 3: draws the split of the labelled vertices, "
+                                                                "and no --labels are given"),
+            ([str(edges), str(tmp_path / "o2"), "--label-column", "2"], "--label-column '2': picks the labels' column "
+                                                                        "of a label table, and none is given"),
             ([str(out), str(tmp_path / "o2"), "--directed"], "--directed, --header, --label-column and --name read")):
         assert main(["convert", *argv]) == 2
         err = capsys.readouterr().err
@@ -157,19 +168,101 @@ def test_convert_from_the_command_line_and_what_it_refuses(tmp_path, capsys):
         load_tables(edges, x, y, header="maybe")
 
 
-def test_pairs_given_by_the_tables_names_are_refused_saying_how_to_number_them(tmp_path, capsys):
+def test_an_edge_table_without_labels_is_a_link_tasks_graph_and_without_features_a_typed_one(tmp_path, capsys):
+    edges, x, _ = _write_named(tmp_path)
+    featured, alone = tmp_path / "featured", tmp_path / "alone"
+    assert main(["convert", str(edges), str(featured), "--features", str(x)]) == 0
+    assert main(["convert", str(edges), str(alone)]) == 0
+    assert main(["convert", str(edges), str(alone), "--overwrite"]) == 0  # a typed folder with its node_ids
+    printed = capsys.readouterr().out
+    assert "no labels to" in printed and "target vertex (no labels) to" in printed
+    graph, typed = load_native(featured), load_typed_dataset(str(alone))
+    assert graph.num_classes == 0 and (graph.labels == -1).all() and graph.feature_dim == 4 and graph.num_nodes == N
+    assert not any(len(part) for part in (graph.train_idx, graph.val_idx, graph.test_idx))
+    assert typed.features == {} and typed.labels is None and typed.num_nodes == {"vertex": N}
+    for folder in (featured, alone):
+        assert list(np.load(folder / "node_ids.npy")) == sorted(_world()[0])
+        assert NO_LABELS in dataset_info(str(folder))["notes"] and dataset_info(str(folder))["classes"] == 0
+    assert FEATURELESS in dataset_info(str(alone))["notes"]
+    # A node task is refused saying why and how to add labels; a link task trains on either.
+    assert main(["train", "--dataset", str(featured), "--epochs", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "edges: has no labels, so a node task has nothing to learn" in err
+    assert "convert them again with their labels" in err and "Traceback" not in err
+    with pytest.raises(DataError, match="has no labels, so a node task has nothing to learn"):
+        train(TrainConfig(dataset=str(alone), epochs=1, progress=False, stage_table=False))
+    for folder in (featured, alone):
+        summary = train(TrainConfig(dataset=str(folder), task="link", epochs=1, fanouts=[5, 5], hidden=16,
+                                    eval_negatives=20, progress=False, stage_table=False, device="cpu"))
+        assert summary["status"] == "completed" and summary["link"]["edges"]["val"] > 0
+    assert summary["model"]["typed"] and summary["embedding_tables"]["tables"] == {"vertex": [N, 16]}
+
+
+def test_predict_and_embed_read_your_tables_ids_on_a_renumbered_dataset(tmp_path, capsys):
     edges, x, y = _write_named(tmp_path)
     out = tmp_path / "out"
     assert main(["convert", str(edges), str(out), "--features", str(x), "--labels", str(y)]) == 0
-    (tmp_path / "pairs.txt").write_text("v001 v002\n")
+    small = dict(dataset=str(out), fanouts=[5, 5], hidden=8, epochs=1, progress=False, stage_table=False, device="cpu")
+    train(TrainConfig(**small, checkpoint_dir=str(tmp_path / "node")))
+    train(TrainConfig(**small, task="link", eval_negatives=20, checkpoint_dir=str(tmp_path / "link")))
+    node, link, graph = tmp_path / "node" / "best.pt", tmp_path / "link" / "best.pt", load_native(out)
+    asked = ["v013", "v002", "v013", "v041"]  # as the tables write them, one twice; their vertices in this order:
+    vertices = np.searchsorted(np.load(out / "node_ids.npy"), asked)
+    assert sorted(set(vertices)) != sorted(set(range(4))) and list(np.load(out / "node_ids.npy")[vertices]) == asked
+    (tmp_path / "nodes.txt").write_text("# mine\nv013\nv002, v013 v041\n")
+    np.save(tmp_path / "nodes.npy", np.array(asked))
+    (tmp_path / "pairs.txt").write_text("v013 v002\nv041,v013\n")
+    np.save(tmp_path / "pairs.npy", np.array([["v013", "v041", "v002"], ["v002", "v013", "v002"]]))  # (2, P)
+    base = ["--dataset", str(out), "--device", "cpu", "--no-progress", "--out"]
     capsys.readouterr()
-    assert main(["predict", "--checkpoint", str(tmp_path / "best.pt"), "--dataset", str(out), "--pairs",
-                 str(tmp_path / "pairs.txt"), "--out", str(tmp_path / "s.npy")]) == 2
+    for name in ("nodes.txt", "nodes.npy"):
+        assert main(["predict", "--checkpoint", str(node), *base, str(tmp_path / f"p-{name}.npy"), "--nodes",
+                     str(tmp_path / name)]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / f"p-{name}.npy"), predict(str(node), graph, vertices))
+        assert main(["embed", "--checkpoint", str(node), *base, str(tmp_path / f"e-{name}.npy"), "--nodes",
+                     str(tmp_path / name), "--layer", "1"]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / f"e-{name}.npy"), embed(str(node), graph, 1, vertices))
+    assert f"read 4 ids of {tmp_path / 'nodes.txt'} as your tables' ids" in capsys.readouterr().out
+    for name, pairs in (("pairs.txt", [[0, 1], [3, 0]]), ("pairs.npy", [[0, 1], [3, 0], [1, 1]])):
+        assert main(["predict", "--checkpoint", str(link), *base, str(tmp_path / f"s-{name}.npy"), "--pairs",
+                     str(tmp_path / name)]) == 0
+        np.testing.assert_array_equal(np.load(tmp_path / f"s-{name}.npy"),
+                                      score_pairs(str(link), graph, vertices[np.array(pairs)], layout="rows"))
+    # Ids the tables do not hold are refused, named with their lines; vertex numbers are not read as ids.
+    (tmp_path / "bad.txt").write_text("v013\nv999 7\n")
+    (tmp_path / "numbers.txt").write_text("0 1\n")
+    for flag, name, checkpoint, message in (
+            ("--nodes", "bad.txt", node, "bad.txt: 2 ids not among your tables' ids (" + str(out / "node_ids.npy")
+             + "), such as 'v999' (line 2), '7' (line 2); give ids as your tables write them."),
+            ("--pairs", "numbers.txt", link, "numbers.txt: 2 ids not among your tables' ids"),
+            ("--pairs", "bad.txt", link, "bad.txt: line 1 holds 1 id(s); give two per line")):
+        assert main(["predict", "--checkpoint", str(checkpoint), *base, str(tmp_path / "x.npy"), flag,
+                     str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert not (tmp_path / "x.npy").exists()
+
+
+def test_whole_number_ids_with_gaps_are_read_as_ids_and_vertex_numbers_are_refused_saying_why(tmp_path, capsys):
+    names, src, dst, classes, x = _world()
+    big = np.arange(N) * 1000 + 7  # whole numbers, not 0..n-1
+    (tmp_path / "e.csv").write_text("".join(f"{big[a]},{big[b]}\n" for a, b in zip(src, dst)))
+    (tmp_path / "x.csv").write_text("".join(f"{big[i]}," + ",".join(map(str, x[i])) + "\n" for i in range(N)))
+    out = tmp_path / "out"
+    assert main(["convert", str(tmp_path / "e.csv"), str(out), "--features", str(tmp_path / "x.csv")]) == 0
+    np.testing.assert_array_equal(np.load(out / "node_ids.npy"), big)
+    train(TrainConfig(dataset=str(out), task="link", fanouts=[5, 5], hidden=8, epochs=1, eval_negatives=20,
+                      checkpoint_dir=str(tmp_path / "link"), progress=False, stage_table=False, device="cpu"))
+    link = str(tmp_path / "link" / "best.pt")
+    np.save(tmp_path / "pairs.npy", np.array([[1007, 7], [59007, 2007], [7, 7]], dtype=np.uint32))  # (P, 2)
+    (tmp_path / "numbers.txt").write_text("1 0\n")
+    base = ["predict", "--checkpoint", link, "--dataset", str(out), "--device", "cpu", "--no-progress", "--pairs"]
+    assert main([*base, str(tmp_path / "pairs.npy"), "--out", str(tmp_path / "s.npy")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "s.npy"), score_pairs(link, load_native(out), [[1, 0], [59, 2], [0, 0]]))
+    assert main([*base, str(tmp_path / "numbers.txt"), "--out", str(tmp_path / "t.npy")]) == 2
     err = capsys.readouterr().err
-    assert "numbered the ids of your tables 0..n-1 in sorted order: give those numbers" in err
-    assert f"np.searchsorted(np.load('{out / 'node_ids.npy'}'), your_ids)" in err and "Traceback" not in err
-    ids = np.load(out / "node_ids.npy")
-    assert list(np.searchsorted(ids, ["v001", "v002"])) == [1, 2] and list(ids[[1, 2]]) == ["v001", "v002"]
+    assert "numbers.txt: 2 ids not among your tables' ids" in err and "such as '1' (line 1), '0' (line 1)" in err
+    assert "reads your ids, not vertex numbers: vertex k's id is row k of node_ids.npy" in err
 
 
 # ----- a label table of several columns, labels that look like ids, notes that stay short ----------------------
@@ -277,14 +370,31 @@ def test_a_wide_header_is_quoted_by_a_few_names_and_ignored_columns_and_renumber
     assert max(map(len, printed)) < 300, printed
     assert "features x.csv (','-separated, header id, f0, f1, ..., f99 (101 columns))" in printed[0]
     assert "e.tsv: 2 columns after the first two (weight,time) not used" in printed
-    assert (f"vertex ids renumbered 0..{N - 1} in sorted order; node_ids.npy keeps each vertex's id in the files"
-            in printed)
+    assert (f"{N} vertex ids renumbered 0..{N - 1} in sorted order; node_ids.npy keeps each vertex's id in the "
+            f"files" in printed)
     graph = load_native(out)
     assert graph.notes[:len(printed) - 1] == printed[:-1]  # info and train say what convert said
     np.testing.assert_array_equal(graph.features[np.searchsorted(np.load(out / "node_ids.npy"), names)], wide)
     (tmp_path / "h.csv").write_text("id," + ",".join(f"f{j}" for j in range(100)) + "\n")
     with pytest.raises(DataError, match=r"h.csv: holds a header \(id, f0, f1, ..., f99 \(101 columns\)\) and no rows"):
         load_tables(tmp_path / "e.tsv", tmp_path / "h.csv", tmp_path / "y.csv", header="yes")
+
+
+def test_counts_in_what_convert_and_info_say_have_thousands_separators(tmp_path, capsys):
+    n = 1200
+    ring = lambda step: "".join(f"{i * step},{(i + 1) % n * step}\n" for i in range(n))  # noqa: E731
+    (tmp_path / "gaps.csv").write_text(ring(10))  # ids 0, 10, ...: renumbered
+    (tmp_path / "plain.csv").write_text(ring(1))  # ids 0..n-1
+    np.save(tmp_path / "x.npy", np.ones((n, 1001), np.float32))
+    (tmp_path / "y.txt").write_text("".join(f"{i % 2}\n" for i in range(n)))
+    assert main(["convert", str(tmp_path / "gaps.csv"), str(tmp_path / "a")]) == 0
+    assert main(["convert", str(tmp_path / "plain.csv"), str(tmp_path / "b"), "--features", str(tmp_path / "x.npy"),
+                 "--labels", str(tmp_path / "y.txt")]) == 0
+    printed = capsys.readouterr().out.replace(str(tmp_path), "TMP")
+    assert "1,200 vertex ids renumbered 0..1199 in sorted order" in printed
+    assert "features x.npy (1,200 x 1,001 array)" in printed and "2,400 edges, 1,001 features, 2 classes" in printed
+    said = printed + "\n".join(dataset_info(str(tmp_path / "b"))["notes"] + dataset_info(str(tmp_path / "a"))["notes"])
+    assert re.findall(r"(?<![\d.,])\d{4,}", said) == [], said  # whole counts of 4 digits or more: none (0..1199 aside)
 
 
 def test_a_snap_edge_list_says_the_columns_it_does_not_use(tmp_path, capsys):
@@ -329,3 +439,44 @@ def test_the_real_facebook_page_table_needs_its_label_column(tmp_path):
     graph, kept = load_tables(*paths, label_column="page_type")
     assert list(kept["class_names"]) == ["company", "government", "politician", "tvshow"]
     assert graph.num_nodes == 22470 and np.bincount(graph.labels).min() > 3000
+
+
+# ----- a header of words over columns of words ---------------------------------------------------------------
+
+_FIELDS = ("cs.AI", "cs.LG", "math.CO")
+
+
+@pytest.mark.parametrize("head, cell, named", [
+    # A header of words over columns of words: a cell of another kind of characters, or a word the column's
+    # repeated values never hold.
+    ("node,category", lambda i, names: f"{names[i]},{_FIELDS[i % 3]}", True),      # p17 and cs.AI: other kinds
+    ("paper,subject", lambda i, names: f"{names[i]},{('physics', 'math', 'art')[i % 3]}", True),  # words recur
+    ("subject", lambda i, names: ("physics", "math", "art")[i % 3], True),          # labels alone, in id order
+    ("Id;Field of study", lambda i, names: f"{names[i]};{_FIELDS[i % 3]}", True),  # spaces, capitals, ';'
+    ("id,category", lambda i, names: f"{i},{_FIELDS[i % 3]}", True),               # numbers below a word
+    # No header: a first row of data, whose class comes again below, or a number.
+    ("p999,cs.LG", lambda i, names: f"{names[i]},{_FIELDS[i % 3]}", False),
+    ("math", lambda i, names: ("physics", "math", "art")[i % 3], False),
+    ("p999,1", lambda i, names: f"{names[i]},{i % 3}", False),
+    ("alice,bob", lambda i, names: f"{('bob', 'carol', 'alice')[i % 3]},{('dave', 'alice', 'erin')[i % 4 % 3]}",
+     False),                                                                        # vertices named again below
+])
+def test_a_header_of_words_is_told_from_a_first_row_of_data(tmp_path, head, cell, named):
+    names = [f"p{i}" for i in range(N)]
+    path = tmp_path / "y.csv"
+    path.write_text(f"{head}\n" + "".join(f"{cell(i, names)}\n" for i in range(N)))
+    table = from_text(path, "labels", "auto")
+    assert ("no header" not in table.said) == named, table.said
+    rows = (table.ids if table.ids is not None else table.values).shape[0]
+    assert rows == N + (not named)  # the first line read as a row exactly when it is no header
+    assert ("no header" in from_text(path, "labels", "no").said and
+            "no header" not in from_text(path, "labels", "yes").said)  # --header overrides
+
+
+def test_a_label_table_of_words_under_a_header_of_words_converts_with_its_classes(tmp_path):
+    names, src, dst, classes, x = _world()
+    edges, xfile, _ = _write_named(tmp_path)
+    (tmp_path / "y.csv").write_text("paper,field\n" + "".join(f"{names[i]},{_FIELDS[classes[i]]}\n" for i in range(N)))
+    graph, kept = load_tables(edges, xfile, tmp_path / "y.csv")
+    assert graph.num_nodes == N and list(kept["class_names"]) == list(_FIELDS)
+    assert any("labels y.csv (','-separated, header paper,field)" in note for note in graph.notes)

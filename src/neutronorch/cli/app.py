@@ -16,16 +16,15 @@ from dataclasses import fields
 from pathlib import Path
 
 from neutronorch.cli.again import resume_command, to_console_log
-from neutronorch.cli.info import dataset_info, renumbered
+from neutronorch.cli.convert import check_native_out, cmd_convert, write_dataset
+from neutronorch.cli.info import dataset_info
 from neutronorch.cli.options import RUN_FOLDER_KEYS, TEMPORAL_ONLY, build_parser
 from neutronorch.cli.partition import cmd_partition
 from neutronorch.cli.progress import ProgressBar
 from neutronorch.config import TrainConfig
 from neutronorch.config_keys import load_config_file
-from neutronorch.data import (SyntheticSpec, TypedGraph, dataset_paths, generate, is_native_dir, is_typed_dataset,
-                              load_dataset, load_typed_dataset, save_native, synthetic_temporal, synthetic_typed,
-                              write_typed)
-from neutronorch.data.dtypes import BFLOAT16, narrowed
+from neutronorch.data import (SyntheticSpec, dataset_paths, generate, is_typed_dataset, load_dataset,
+                              load_typed_dataset, synthetic_temporal, synthetic_typed)
 from neutronorch.environment import launcher_rank
 from neutronorch.errors import ConfigError, Interrupted, NeutronorchError
 from neutronorch.train.outputs import marked
@@ -168,53 +167,6 @@ def _train(config: TrainConfig, folder, rank: int | None, words: list[str] | Non
     return 0
 
 
-def _cmd_convert(args: argparse.Namespace) -> int:
-    from neutronorch.data.jodie import is_jodie, load_jodie
-    from neutronorch.data.tabular import LIKE_IDS, SNAP_SUFFIXES, is_table, load_tables, only_a_table
-
-    t0 = time.perf_counter()
-    tables = args.features is not None or args.labels is not None
-    if tables and (args.features is None or args.labels is None):
-        raise ConfigError(f"give both --features and --labels with your edge table {args.source} (the native format "
-                          f"holds a node-classification graph: a feature row and a label per vertex; a vertex may "
-                          f"lack a label).")
-    jodie = not tables and is_table(args.source) and is_jodie(args.source)  # interactions with times
-    if not tables and not jodie and only_a_table(args.source):
-        raise ConfigError(f"{args.source}: an edge table; give its vertices' --features and --labels tables too "
-                          f"(docs/datasets.md, \"Your own tables\").")
-    if not tables and (args.directed or args.header != "auto" or args.name is not None or args.label_column):
-        raise ConfigError("--directed, --header, --label-column and --name read your own tables: give SOURCE as your "
-                          "edge table with --features and --labels.")
-    if jodie and (args.split is not None or args.seed):
-        raise ConfigError(f"{args.source}: a JODIE/TGN interaction file has no vertex labels to split; leave --split "
-                          f"and --seed out (docs/temporal.md).")
-    if args.times and (tables or jodie):
-        what = "your edge table" if tables else "a JODIE/TGN file, whose times are always kept"
-        raise ConfigError(f"--times: {args.source} is {what}; --times reads the years of an OGB node dataset folder "
-                          f"(docs/temporal.md).")
-    typed = jodie or (not tables and is_typed_dataset(args.source))
-    reads = [Path(p) for p in (args.source, args.features, args.labels, args.split) if p and is_table(p)] if tables \
-        else [Path(args.source)] if jodie else dataset_paths(args.source)
-    _check_native_out("OUT_DIR", args.out_dir, reads, args.overwrite, typed)
-    kept, bar = {}, ProgressBar("reading", "B")
-    try:
-        if tables:
-            graph, kept = load_tables(args.source, args.features, args.labels, args.split, args.seed, args.directed,
-                                      args.header, args.name, bar, args.label_column)
-        elif jodie:
-            graph = load_jodie(args.source)
-        else:
-            graph = (load_typed_dataset(args.source, args.split, progress=bar) if typed and not args.times
-                     else load_dataset(args.source, args.split, args.seed, progress=bar, times=args.times))
-    finally:
-        bar.close()
-    if tables or Path(args.source).name.lower().endswith(SNAP_SUFFIXES):  # what was read, and how
-        for note in graph.notes:
-            print(f"warning: {note}" if note.startswith(LIKE_IDS) else note,
-                  file=sys.stderr if note.startswith(LIKE_IDS) else sys.stdout)
-    return _write_dataset(graph, args.out_dir, args, t0, kept)
-
-
 def _cmd_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     given = {f.name: getattr(args, f.name) for f in fields(SyntheticSpec) if getattr(args, f.name) is not None}
@@ -230,8 +182,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if not args.typed:  # synthetic_typed checks its arguments before it draws anything
         spec = SyntheticSpec(**given)
         spec.check("", where="generate synthetic")
-    _check_native_out("out", args.out, [], args.overwrite, typed=args.typed)
-    return _write_dataset(synthetic_typed(**given) if args.typed else generate(spec), args.out, args, t0)
+    check_native_out("out", args.out, [], args.overwrite, typed=args.typed)
+    return write_dataset(synthetic_typed(**given) if args.typed else generate(spec), args.out, args, t0)
 
 
 def _generate_temporal(args: argparse.Namespace, given: dict, t0: float) -> int:
@@ -250,52 +202,16 @@ def _generate_temporal(args: argparse.Namespace, given: dict, t0: float) -> int:
     given |= {name: getattr(args, name) for name in TEMPORAL_ONLY if getattr(args, name) is not None}
     options = {name: p.default for name, p in taken.items()} | given
     check_arguments(**options)
-    _check_native_out("out", args.out, [], args.overwrite)
-    return _write_dataset(synthetic_temporal(**options), args.out, args, t0)
-
-
-def _write_dataset(graph, out: str, args: argparse.Namespace, t0: float, kept: dict | None = None) -> int:
-    """convert's and generate's end, for either kind of graph: the features halved with --float16 or
-    --bfloat16, the native or typed folder written, its first line said."""
-    from neutronorch.train.output_guard import check_space
-
-    typed, source = isinstance(graph, TypedGraph), getattr(args, "source", None) or graph.name
-    if args.float16 or args.bfloat16:  # bfloat16: rounded to nearest even, as torch rounds; nothing overflows
-        dtype = "float16" if args.float16 else BFLOAT16
-        graph.features = ({node_type: narrowed(rows, dtype, f"{source}: type {node_type}")
-                           for node_type, rows in graph.features.items()} if typed
-                          else narrowed(graph.features, dtype, source))
-    # The old folder stays until the new one is complete: the whole dataset must fit beside it.
-    check_space("out" if args.command == "generate" else "OUT_DIR", out,
-                sum(int(array.nbytes) for array in graph.arrays() if array is not None))
-    if typed:
-        write_typed(graph, out, overwrite=args.overwrite)
-    else:
-        save_native(graph, out, overwrite=args.overwrite, kept=kept)
-    print(f"wrote {graph.describe().splitlines()[0]} to {out} in {time.perf_counter() - t0:.1f}s")
-    return 0
-
-
-def _check_native_out(field: str, out: str, sources: list[Path], overwrite: bool, typed: bool = False) -> None:
-    """Before anything is read: the dataset folder ``out`` (``typed``: for a typed graph) can be written
-    and holds none of the inputs. A dataset rewritten in place (``--overwrite``, to halve its features)
-    reads its old files until the new ones replace them whole, so that one input may be ``out`` itself."""
-    from neutronorch.data.native import check_dataset_folder
-    from neutronorch.train.output_guard import check_creatable, check_distinct, check_name_lengths
-
-    check_name_lengths(field, out, temporary=True)  # the folder is written under a temporary name beside it
-    target = Path(out).expanduser().resolve()
-    check_dataset_folder(target, overwrite, typed)  # a folder with meta.json is then a dataset of the kind
-    if not any(source.expanduser().resolve() == target and is_native_dir(target) for source in sources):
-        check_distinct({"SOURCE": sources}, {field: [target]}, replaces={field: target})
-    check_creatable(field, target / "meta.json")
+    check_native_out("out", args.out, [], args.overwrite)
+    return write_dataset(synthetic_temporal(**options), args.out, args, t0)
 
 
 def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     """predict's (``pairs``: whether --pairs is given) and embed's shared part, ordered so that a wrong
-    request fails before a large dataset is read. Returns the checkpoint, the graph and the call's options."""
+    request fails before a large dataset is read. Returns the checkpoint, the graph, --nodes as predict and
+    embed take it (``given_ids``) and the call's options."""
+    from neutronorch.cli.ids import given_ids
     from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_checkpoint
-    from neutronorch.train.link_predict import read_pairs
     from neutronorch.train.predict import check_asked, check_task
     from neutronorch.train.prediction_io import NODE_SETS, check_output_path
     from neutronorch.train.resources import resolve_device
@@ -309,17 +225,15 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     reads = {"checkpoint": [args.checkpoint], "dataset": dataset_paths(args.dataset),
              "nodes": [] if args.nodes in (None, *NODE_SETS) else [args.nodes], "pairs": [given] if given else []}
     check_output_path(args.out, scratch, reads, args.overwrite)
-    try:  # read once, here, so a bad file fails before the data loads; the file stays named in later errors
-        options = {"pairs": read_pairs(given), "layout": "columns", "source": given} if pairs else {}
-    except ConfigError as exc:
-        raise ConfigError(f"{exc}{renumbered(args.dataset)}") from None
+    # Read once, here, so a bad file fails before the data loads (your tables' ids where convert renumbered them).
+    nodes, options = given_ids(args)
     checkpoint = load_checkpoint(args.checkpoint, kind=TYPED if typed else HOMOGENEOUS)
     if pairs is not None:
         check_task(checkpoint, pairs)
     graph = (load_typed_dataset if typed else load_dataset)(args.dataset)
     options.update(device=str(device), out=args.out, scratch=scratch, overwrite=args.overwrite,
                    progress=ProgressBar("layer", "vertex") if args.progress else None)
-    return checkpoint, graph, options
+    return checkpoint, graph, nodes, options
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
@@ -332,14 +246,14 @@ def _cmd_predict(args: argparse.Namespace) -> int:
                           f"pairs with a link checkpoint; `nodes` chooses the vertices a node-classification "
                           f"checkpoint classifies.")
     args.nodes = "test" if args.nodes is None and not pairs else args.nodes
-    checkpoint, graph, options = _inference(args, pairs=pairs)
+    checkpoint, graph, nodes, options = _inference(args, pairs=pairs)
     if pairs:  # a link checkpoint's score of each pair: its logit, or --probabilities
         out = score_pairs(checkpoint, graph, probabilities=args.probabilities, **options)
         what = "probabilities" if args.probabilities else "logits"
         print(f"scored {out.shape[0]:,} pairs of {graph.name} ({what}), wrote them to {args.out} in "
               f"{time.perf_counter() - t0:.1f}s")
         return 0
-    out = predict(checkpoint, graph, args.nodes, args.probabilities, **options)
+    out = predict(checkpoint, graph, nodes, args.probabilities, **options)
     line = f"wrote {out.shape[0]:,} predictions of {graph.name} to {args.out} in {time.perf_counter() - t0:.1f}s"
     if args.nodes in ("test", "val", "train"):
         metric, value = prediction_score(graph, args.nodes, out, args.probabilities)
@@ -352,8 +266,8 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     from neutronorch.train.predict import embed
 
     t0 = time.perf_counter()
-    checkpoint, graph, options = _inference(args)
-    out = embed(checkpoint, graph, args.layer, args.nodes, node_type=args.node_type, **options)
+    checkpoint, graph, nodes, options = _inference(args)
+    out = embed(checkpoint, graph, args.layer, nodes, node_type=args.node_type, **options)
     which = ("the last hidden layer" if args.layer is None else f"layer {args.layer}") + (
         f", vertex type {args.node_type}" if args.node_type else "")
     print(f"wrote {out.shape[0]:,} x {out.shape[1]} embeddings ({which}) of {graph.name} to {args.out} in "
@@ -371,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train":  # its words, for the command that continues a stopped run
         words = list(sys.argv[1:] if argv is None else argv)
         args.words = words[words.index("train") + 1:]
-    handlers = {"train": _cmd_train, "convert": _cmd_convert, "generate": _cmd_generate, "info": _cmd_info,
+    handlers = {"train": _cmd_train, "convert": cmd_convert, "generate": _cmd_generate, "info": _cmd_info,
                 "partition": cmd_partition, "predict": _cmd_predict, "embed": _cmd_embed}
     _configure_logging()
     terminated = []

@@ -4,7 +4,6 @@ read as its ``TypedGraph.of`` view)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
@@ -64,11 +63,3 @@ def _repeated(relation, num_src: int) -> int:
     src, dst = relation.edges()
     return relation.num_edges - int(np.unique(dst * num_src + src).size)  # one key per (src, dst)
 
-
-def renumbered(spec: str) -> str:
-    """What to say where vertex ids were expected and the dataset renumbered its tables' ids (``convert``'s
-    ``node_ids.npy``): ids given as in the tables are not the vertex numbers a checkpoint reads. Else ''."""
-    ids = Path(spec) / "node_ids.npy"
-    return (f" {spec} numbered the ids of your tables 0..n-1 in sorted order: give those numbers (row k of {ids} "
-            f"holds vertex k's id in your files; np.searchsorted(np.load('{ids}'), your_ids) gives them)."
-            if ids.is_file() else "")

@@ -203,8 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_convert_options(convert: argparse.ArgumentParser) -> None:
     convert.add_argument("source", help="what to read: a dataset spec as train's --dataset (docs/datasets.md), "
-                                        "your edge table (with --features, --labels) or a JODIE/TGN interaction "
-                                        "CSV (docs/temporal.md)")
+                                        "your edge table or a JODIE/TGN interaction CSV (docs/temporal.md)")
     convert.add_argument("out_dir", help="output directory")
     convert.add_argument("--split", default=None, help=(
         "for data without a split: ratio:TRAIN,VAL or per-class:TRAIN,VAL (default: the data's own, else "
@@ -214,9 +213,10 @@ def _add_convert_options(convert: argparse.ArgumentParser) -> None:
     tables = convert.add_argument_group(
         "your own tables", "SOURCE is your edge table ('src,dst' lines, .npy or JSON); ids other than 0..n-1 are "
         "renumbered, kept in OUT_DIR/node_ids.npy (docs/datasets.md)")
-    tables.add_argument("--features", metavar="FILE", help="'id,x1,x2,...' lines, a .npy in id order, or JSON")
-    tables.add_argument("--labels", metavar="FILE", help="'id,label' lines (a class number or name; a vertex left "
-                                                        "out has none), in id order, or JSON")
+    tables.add_argument("--features", metavar="FILE", help="'id,x1,x2,...' lines, a .npy in id order, or JSON "
+                                                          "(none: each vertex learns an embedding)")
+    tables.add_argument("--labels", metavar="FILE", help="'id,label' lines (a class number or name), in id order, "
+                                                        "or JSON (none: for --task link only)")
     tables.add_argument("--label-column", metavar="COL", help="the labels' column: header name or index from 0")
     tables.add_argument("--directed", action="store_true", help="messages only from each edge's first to second id")
     tables.add_argument("--header", choices=HEADERS, default="auto",
@@ -298,8 +298,8 @@ def _add_write_options(parser: argparse.ArgumentParser, out: str, same: str = ""
 def _add_predict_options(pred: argparse.ArgumentParser, full: bool = False) -> None:
     own = {"--pairs": dict(metavar="FILE", help=(
         "score these vertex pairs with a link checkpoint (instead of --nodes): a text file of 'u v' or 'u,v' "
-        "lines, or a .npy file of a (P, 2) or (2, P) integer array (2 x 2 is ambiguous and refused: give a "
-        "text file)")),
+        "lines, or a .npy file of a (P, 2) or (2, P) array (2 x 2 is ambiguous and refused: give a text "
+        "file); ids as for --nodes")),
            "--probabilities": dict(action="store_true", help=(
         "write class probabilities (one float32 row per vertex) instead of classes; with --pairs, each "
         "pair's probability (the sigmoid of its logit)"))}
@@ -328,8 +328,9 @@ def _inference_options(parser: argparse.ArgumentParser, full: bool, add_options,
     parser.add_argument("--dataset", required=True, metavar="SPEC", help=f"dataset spec: {DATASET_SPEC_HELP}"
                         if full else "the dataset, as train's --dataset takes it")
     parser.add_argument("--out", required=True, metavar="PATH", help=f"write {out}")
-    parser.add_argument("--nodes", default=nodes, help="test, val, train, all, or a .npy file of vertex ids "
-                                                       f"(default: {nodes or 'test'})")
+    parser.add_argument("--nodes", default=nodes, help="test, val, train, all, or a file of ids (.npy, or text: "
+                                                       "one a line, or separated by commas or spaces; your tables' "
+                                                       f"where convert renumbered them) (default: {nodes or 'test'})")
     for flag, kwargs in own.items():
         parser.add_argument(flag, **kwargs)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],

@@ -92,7 +92,7 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
         return load_snap(path, split or DEFAULT_SPLIT, seed)
     if only_a_table(path):
         raise DataError(f"{path}: a table, not a dataset; make one of your tables with `neutronorch convert "
-                        f"{path} OUT_DIR --features F --labels L` (docs/datasets.md, \"Your own tables\").")
+                        f"{path} OUT_DIR [--features F] [--labels L]` (docs/datasets.md, \"Your own tables\").")
     raise DataError(f"{path}: unknown file type. `dataset` takes {DATASET_SPEC_HELP}.")
 
 

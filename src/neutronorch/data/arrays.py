@@ -105,7 +105,7 @@ def class_labels(labels: np.ndarray, n: int, name: str) -> np.ndarray:
     if labels.ndim == 2 and labels.shape[1] == 1:
         labels = labels[:, 0]  # a column of class ids, as PyG and OGB often store them
     if labels.shape[0] != n:
-        raise DataError(f"{name}: {labels.shape[0]} labels for {n} vertices; give one label (or one row of "
+        raise DataError(f"{name}: {labels.shape[0]:,} labels for {n:,} vertices; give one label (or one row of "
                         f"0/1 task labels) per vertex.")
     if labels.dtype == bool:
         labels = labels.astype(np.int64)

@@ -25,7 +25,7 @@ def edges_to_csc(src: np.ndarray, dst: np.ndarray, num_nodes: int, symmetric: bo
     src, dst = edge_ends(src, dst, source)
     for ids in (src, dst):
         if (bad := id_outside(ids, num_nodes)) is not None:
-            raise DataError(f"{source}: vertex id {bad} is out of range for {num_nodes} nodes. Vertex ids must "
+            raise DataError(f"{source}: vertex id {bad} is out of range for {num_nodes:,} nodes. Vertex ids must "
                             f"be 0..{num_nodes - 1}; the file is corrupt or belongs to another graph.")
     keep = src != dst
     if not keep.all():

@@ -139,18 +139,20 @@ class Graph(GraphCommon):
         return [getattr(self, name) for name in ARRAYS] + [self.edge_time, self.node_time]
 
     def describe(self) -> str:
-        tasks = [f"{self.num_classes} classes, split {len(self.train_idx):,}/{len(self.val_idx):,}/"
-                 f"{len(self.test_idx):,}"] if self.links is None or self.num_classes else []
+        task = (f"{self.num_classes:,} classes, split {len(self.train_idx):,}/{len(self.val_idx):,}/"
+                f"{len(self.test_idx):,}" if self.num_classes else "no labels")
+        tasks = [task] if self.links is None or self.num_classes else []
         tasks += [self.links.describe()] if self.links is not None else []
         tasks += [line for line in (describe_times(self.edge_time, "edge times"),
                                     describe_times(self.node_time, "vertex times")) if line]
-        return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, {self.feature_dim} features, "
+        return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, {self.feature_dim:,} features, "
                 f"{', '.join(tasks)}")
 
     def validate(self, source: str, files: dict[str, str] | None = None, classes: bool = True) -> "Graph":
         """Raise ``DataError`` naming ``source`` if any array is inconsistent; return the graph otherwise.
         ``files`` maps array names to the files they came from, named instead of ``source`` when known;
-        without ``classes`` a graph with ``num_classes`` 0 is taken (one to embed or score pairs of)."""
+        without ``classes`` a graph with ``num_classes`` 0 is taken (one to embed or score pairs of), and with
+        them one whose splits are empty too (no labels: a link task's graph, to split as it trains)."""
         n = self.num_nodes
         fail = Failure(source, files or {})
         check_kinds({name: getattr(self, name) for name in ARRAYS}, self.num_classes,
@@ -162,7 +164,9 @@ class Graph(GraphCommon):
         check_csc(self.indptr, self.indices, n, fail)
         check_rows(self.features, n, "features", "vertex", "features", fail)
         # No node task (a link graph's, or one to embed): no labels, no node splits.
-        check_target(self, n, fail, link_only=(self.links is not None or not classes) and self.num_classes == 0)
+        unlabelled = not any(len(getattr(self, name)) for name in ("train_idx", "val_idx", "test_idx"))
+        check_target(self, n, fail, link_only=(self.links is not None or not classes or unlabelled)
+                     and self.num_classes == 0)
         if self.edge_time is not None:  # in-edges sorted by time: checked, as the samplers' cut relies on it
             check_times(self.edge_time, self.num_edges, "edge times", (files or {}).get("edge_time", source),
                         self.indptr)

@@ -67,14 +67,14 @@ def load_igbh(directory: str | os.PathLike, classes: int = 19, split: str = "aut
     files: dict[str, str] = {}
     features = {t: _features(processed, t, size, files) for t in types}
     num_nodes = {t: int(rows.shape[0]) for t, rows in features.items()}
-    counted = {t: f"{files[node_array(t, 'features')]} has {num_nodes[t]} rows: {num_nodes[t]} vertices of type {t}"
+    counted = {t: f"{files[node_array(t, 'features')]} has {num_nodes[t]:,} rows: {num_nodes[t]:,} vertices of type {t}"
                for t in types}
     labels_path = processed / "paper" / LABEL_FILES[classes]
     files[node_array("paper", "labels")] = str(labels_path)
     labels = _labels(labels_path, size, num_nodes["paper"], counted["paper"], classes, progress)
     notes = [f"IGBH {size}: relations one way as stored (training adds the reverses); citations as stored (IGB's "
              f"and MLPerf's loaders add self loops, MLPerf's the reverse citations too)",
-             f"labels: {labels_path.name} ({classes} classes)"]
+             f"labels: {labels_path.name} ({classes:,} classes)"]
     if size == "full":
         notes.append(f"full's labelled papers are its first {FULL_LABELLED[classes]:,} (IGB's loader); the rest "
                      f"have no label")

@@ -99,7 +99,7 @@ def _num_nodes(stages: dict, name: str) -> int:
                         f"objects RandomLinkSplit made from data with x.")
     rows = {stage: int(data.x.shape[0]) for stage, data in stages.items() if getattr(data, "x", None) is not None}
     if len(set(rows.values())) != 1:
-        raise DataError(f"{name}: the stages' x have {rows} rows; train_data, val_data and test_data must be the "
+        raise DataError(f"{name}: the stages' x have {rows:,} rows; train_data, val_data and test_data must be the "
                         f"split of one graph.")
     return int(stages["train"].num_nodes)
 

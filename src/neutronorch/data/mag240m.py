@@ -43,7 +43,7 @@ def load_mag240m(directory: str | os.PathLike, progress: Progress | None = None)
     edges = edge_files(processed, RELATIONS, "___")  # what is missing is said before the large files are read
     feature_path, label_path = processed / "paper" / "node_feat.npy", processed / "paper" / "node_label.npy"
     num_nodes, num_classes = _meta(meta_path)
-    counted = {t: f"{meta_path} says {num_nodes[t]} vertices of type {t}" for t in TYPES}
+    counted = {t: f"{meta_path} says {num_nodes[t]:,} vertices of type {t}" for t in TYPES}
     files = {node_array("paper", "features"): str(feature_path), node_array("paper", "labels"): str(label_path)}
     features = open_npy(feature_path, "the papers' features, a row per paper")
     check_rows(features, num_nodes["paper"], feature_path, counted["paper"], "features")

@@ -224,16 +224,19 @@ def save_native(graph: Graph, directory: str | os.PathLike, overwrite: bool = Fa
     return _write(target, arrays, meta)
 
 
-def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = False) -> Path:
+def write_typed(graph: TypedGraph, folder: str | os.PathLike, overwrite: bool = False,
+                kept: dict[str, np.ndarray] | None = None) -> Path:
     """Write ``graph`` (validated first) to ``folder``; arrays keep their dtypes. ``folder`` must not exist or
     be empty, unless ``overwrite`` (then it must hold a typed graph and nothing else, which is replaced; a
     graph memory-mapped from ``folder`` itself may be written back over it). Every refusal comes before
-    anything is written. A graph without labels (``labels`` None) is written without ``labels.npy``."""
+    anything is written. A graph without labels (``labels`` None) is written without ``labels.npy``;
+    ``kept`` as ``save_native``'s (a graph of one vertex type's)."""
     target = Path(folder)
     graph.validate()
     check_dataset_folder(target, overwrite, typed=True)
     _check_names(graph, target)
     arrays, node_types, relations = _layout(graph)
+    arrays.update(kept or {})
     meta = {"format": TYPED_FORMAT, "format_version": FORMAT_VERSION, "name": graph.name, "node_types": node_types,
             "relations": relations, "target": graph.target,
             "num_classes": 0 if graph.labels is None else int(graph.num_classes),
@@ -312,7 +315,7 @@ def check_dataset_folder(target: Path, overwrite: bool, typed: bool = False) -> 
     """A dataset (``typed``: a typed graph) may be written to ``target``: a new or empty folder, or with
     ``overwrite`` one of that kind holding nothing but its own entries."""
     kind = "typed" if typed else "native"
-    own = ({"meta.json", "nodes", "relations"} if typed else
+    own = ({"meta.json", "nodes", "relations", *(f"{name}.npy" for name in KEPT)} if typed else
            {"meta.json", *(f"{name}.npy" for name in (*ARRAYS, *KEPT, *TIMES))})
     if target.exists() and not target.is_dir():
         raise DataError(f"{target}: exists and is a file; the {kind} format is a folder. Choose another path.")

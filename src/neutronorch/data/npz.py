@@ -154,7 +154,7 @@ def _assemble(path: Path, num_nodes: int, src: np.ndarray, dst: np.ndarray, feat
                         f"Store one class id per vertex.")
     labels = as_int64(labels, str(path), "labels")
     if labels.shape[0] != num_nodes:
-        raise DataError(f"{path}: {labels.shape[0]} labels for {num_nodes} vertices. The entries come from "
+        raise DataError(f"{path}: {labels.shape[0]:,} labels for {num_nodes:,} vertices. The entries come from "
                         f"different graphs or the file is truncated; fetch it again.")
     num_classes = int(labels.max()) + 1 if num_nodes else 0
     indptr, indices = edges_to_csc(src, dst, num_nodes, source=str(path))

@@ -44,7 +44,7 @@ def load_ogb(directory: str | os.PathLike, progress: Progress | None = None, tim
     else:
         edges, num_nodes = read_edges(raw, progress)
         labels = read_labels(raw / "node-label.csv.gz", num_nodes, f"{raw / 'num-node-list.csv.gz'} says "
-                             f"{num_nodes} vertices", progress)
+                             f"{num_nodes:,} vertices", progress)
         features = read_node_features(raw, edges, num_nodes, progress)
         src, dst = edges[:, 0], edges[:, 1]
     indptr, indices = edges_to_csc(src, dst, num_nodes, source=str(raw))
@@ -72,7 +72,7 @@ def read_node_years(raw: Path, num_nodes: int, progress: Progress | None = None)
         if not path.is_file():
             raise DataError(f"{path}: missing; `times` reads each vertex's year from it (ogbn-arxiv and "
                             f"ogbn-papers100M ship one). Leave `times` out for a dataset without years.")
-        years = read_rows(path, num_nodes, np.int64, f"{raw / 'num-node-list.csv.gz'} says {num_nodes} vertices",
+        years = read_rows(path, num_nodes, np.int64, f"{raw / 'num-node-list.csv.gz'} says {num_nodes:,} vertices",
                           progress).reshape(-1)
     return time_array(years, num_nodes, "vertex times (node_year)", str(path))
 
@@ -87,7 +87,7 @@ def read_edges(raw: Path, progress: Progress | None = None) -> tuple[np.ndarray,
     ``num-*-list.csv.gz``."""
     num_nodes = _count(raw / "num-node-list.csv.gz", "vertices")
     num_edges = _count(raw / "num-edge-list.csv.gz", "edges")
-    return read_pairs(raw / "edge.csv.gz", num_edges, f"{raw / 'num-edge-list.csv.gz'} says {num_edges} edges",
+    return read_pairs(raw / "edge.csv.gz", num_edges, f"{raw / 'num-edge-list.csv.gz'} says {num_edges:,} edges",
                       progress), num_nodes
 
 
@@ -127,7 +127,7 @@ def read_node_features(raw: Path, edges: np.ndarray, num_nodes: int, progress: P
 def _edge_mean_features(path: Path, edges: np.ndarray, num_nodes: int, progress: Progress | None) -> np.ndarray:
     """Each vertex's mean over the features of the edges it touches (ogbn-proteins)."""
     edge_features = read_rows(path, edges.shape[0], np.float32, f"{path.parent / 'num-edge-list.csv.gz'} says "
-                              f"{edges.shape[0]} edges", progress)
+                              f"{edges.shape[0]:,} edges", progress)
     dim = edge_features.shape[1]
     count = np.maximum(np.bincount(edges.ravel(), minlength=num_nodes), 1)
     out = np.empty((num_nodes, dim), np.float32)
@@ -146,7 +146,7 @@ def _binary(raw: Path):
                         f"with one. The file is damaged or not a node-property dataset; fetch it again.")
     num_nodes = int(as_int64(counts, f"{path} (num_nodes_list)", "the vertex count").reshape(-1)[0])
     if num_nodes < 1:
-        raise DataError(f"{path}: num_nodes_list says {num_nodes} vertices; fetch the dataset again.")
+        raise DataError(f"{path}: num_nodes_list says {num_nodes:,} vertices; fetch the dataset again.")
     edge_index = data["edge_index"]
     if edge_index.ndim != 2 or edge_index.shape[0] != 2:
         raise DataError(f"{path}: edge_index has shape {edge_index.shape}, expected (2, num_edges). The file is "

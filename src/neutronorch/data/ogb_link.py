@@ -80,7 +80,7 @@ def read_edge_years(raw: Path, num_edges: int, progress: Progress | None) -> np.
     if not path.is_file():
         raise DataError(f"{path}: missing; `times` reads each edge's year from it (ogbl-collab ships one). Leave "
                         f"`times` out for a dataset without years.")
-    years = read_rows(path, num_edges, np.int64, f"{raw / 'edge.csv.gz'} holds {num_edges} edges", progress)
+    years = read_rows(path, num_edges, np.int64, f"{raw / 'edge.csv.gz'} holds {num_edges:,} edges", progress)
     return years.reshape(-1)
 
 
@@ -185,14 +185,14 @@ def _link_split(parts: dict[str, dict], num_nodes: int, name: str) -> LinkSplit:
             sources = _ids(content, "source_node", path, 1)
             targets = _ids(content, "target_node", path, 1)
             if sources.shape != targets.shape:
-                raise DataError(f"{path}: {sources.shape[0]} source nodes but {targets.shape[0]} target nodes; "
+                raise DataError(f"{path}: {sources.shape[0]:,} source nodes but {targets.shape[0]:,} target nodes; "
                                 f"the counts disagree. Fetch the dataset again.")
             positives[part] = np.stack([sources, targets])
             if part != "train":
                 negatives[part] = _ids(content, "target_node_neg", path, 2)
                 if negatives[part].shape[0] != sources.shape[0]:
-                    raise DataError(f"{path}: target_node_neg has {negatives[part].shape[0]} rows for "
-                                    f"{sources.shape[0]} positives (a row of negatives each); the counts "
+                    raise DataError(f"{path}: target_node_neg has {negatives[part].shape[0]:,} rows for "
+                                    f"{sources.shape[0]:,} positives (a row of negatives each); the counts "
                                     f"disagree. Fetch the dataset again.")
         else:
             positives[part] = _pairs(content, "edge", path)

@@ -47,7 +47,7 @@ def load_ogb_typed(directory: str | os.PathLike, progress: Progress | None = Non
     features = _features(raw, num_nodes, counts_path, files, progress)
     labels_path = csv_file(raw / "node-label" / target, "node-label")
     files[node_array(target, "labels")] = str(labels_path)
-    labels = read_labels(labels_path, num_nodes[target], f"{counts_path} says {num_nodes[target]} vertices of type "
+    labels = read_labels(labels_path, num_nodes[target], f"{counts_path} says {num_nodes[target]:,} vertices of type "
                                                          f"{target}, a label each", progress)
     splits = {split: split_ids(path, num_nodes[target]) for split, path in split_paths.items()}
     num_classes = labels.shape[1] if labels.ndim == 2 else (int(labels.max()) + 1 if labels.size else 0)
@@ -76,7 +76,7 @@ def _per_type(path: Path, values: str) -> tuple[list[str], list[str]]:
     """A header of vertex types over one row of as many ``values``."""
     rows = _rows(path)
     if len(rows) != 2 or len(rows[0]) != len(rows[1]):
-        raise DataError(f"{path}: holds {len(rows)} rows; expected a header of vertex types and one row of as "
+        raise DataError(f"{path}: holds {len(rows):,} rows; expected a header of vertex types and one row of as "
                         f"many {values}. The file is damaged; fetch the dataset again.")
     return rows[0], rows[1]
 
@@ -138,12 +138,12 @@ def _relation(raw: Path, key: RelationType, num_nodes: dict[str, int], counts_pa
     count_path = csv_file(folder, "num-edge-list")
     if count_path.is_file():
         num_edges = _count(count_path, "edges")
-        expect = f"{count_path} says {num_edges} edges"
+        expect = f"{count_path} says {num_edges:,} edges"
     else:
         num_edges = _lines(_present(path))
-        expect = f"the file has {num_edges} lines, one edge each"
+        expect = f"the file has {num_edges:,} lines, one edge each"
     edges = read_pairs(path, num_edges, expect, progress, f" of relation {relation_label(key)}")
-    counted = {t: f"{counts_path} says {count} vertices of type {t}" for t, count in num_nodes.items()}
+    counted = {t: f"{counts_path} says {count:,} vertices of type {t}" for t, count in num_nodes.items()}
     return relation_from_edge_index(edges, key, num_nodes, path, counted, pairs_per_row=True)
 
 def _lines(path: Path) -> int:
@@ -170,7 +170,7 @@ def _features(raw: Path, num_nodes: dict[str, int], counts_path: Path, files: di
         if not path.is_file():
             continue
         count = num_nodes[node_type]
-        features[node_type] = read_rows(path, count, np.float32, f"{counts_path} says {count} vertices of type "
+        features[node_type] = read_rows(path, count, np.float32, f"{counts_path} says {count:,} vertices of type "
                                                                  f"{node_type}, a row each", progress)
         files[node_array(node_type, "features")] = str(path)
     return features

@@ -36,13 +36,13 @@ def load_planetoid(directory: str | os.PathLike, name: str | None = None) -> Gra
     ally, ty = dense_features(ally, f"{prefix}.ally"), dense_features(ty, f"{prefix}.ty")
     for part, features, labels in (("all", allx, ally), ("t", tx, ty)):
         if features.shape[0] != labels.shape[0]:
-            raise DataError(f"{prefix}.{part}x has {features.shape[0]} rows but {prefix}.{part}y has "
-                            f"{labels.shape[0]}. The files come from different datasets; fetch them again.")
+            raise DataError(f"{prefix}.{part}x has {features.shape[0]:,} rows but {prefix}.{part}y has "
+                            f"{labels.shape[0]:,}. The files come from different datasets; fetch them again.")
     if allx.shape[1] != tx.shape[1] or ally.shape[1] != ty.shape[1]:
         raise DataError(f"{prefix}.allx/.tx ({allx.shape[1]}/{tx.shape[1]} features) or .ally/.ty "
                         f"({ally.shape[1]}/{ty.shape[1]} classes) disagree in width. Fetch the dataset again.")
     if test_index.shape[0] != tx.shape[0]:
-        raise DataError(f"{prefix}.test.index lists {test_index.shape[0]} ids but {prefix}.tx has {tx.shape[0]} "
+        raise DataError(f"{prefix}.test.index lists {test_index.shape[0]:,} ids but {prefix}.tx has {tx.shape[0]:,} "
                         f"rows. The files come from different datasets; fetch them again.")
 
     num_train = dense_features(y, f"{prefix}.y").shape[0]
@@ -53,7 +53,7 @@ def load_planetoid(directory: str | os.PathLike, name: str | None = None) -> Gra
     # count them as vertices with all-zero features and label rows (their label becomes 0, in no split).
     num_nodes = allx.shape[0] + int(test_index.max()) - int(test_index.min()) + 1
     if num_train + NUM_VAL > allx.shape[0]:
-        raise DataError(f"{prefix}.allx: its {allx.shape[0]} rows leave no room for the {num_train} training "
+        raise DataError(f"{prefix}.allx: its {allx.shape[0]:,} rows leave no room for the {num_train:,} training "
                         f"and {NUM_VAL} validation vertices of the public split. Fetch the dataset again.")
     features = np.zeros((num_nodes, allx.shape[1]), dtype=np.float32)
     features[:allx.shape[0]] = allx
@@ -69,7 +69,7 @@ def load_planetoid(directory: str | os.PathLike, name: str | None = None) -> Gra
     notes = []
     padded = num_nodes - allx.shape[0] - test_index.shape[0]
     if padded:
-        notes.append(f"{padded} vertices missing from test.index have zero features and no label "
+        notes.append(f"{padded:,} vertices missing from test.index have zero features and no label "
                      f"(stored as class 0); they are in no split")
     return Graph(name=name, indptr=indptr, indices=indices, features=features, labels=labels,
                  train_idx=np.arange(num_train, dtype=np.int64),

@@ -76,7 +76,7 @@ class Relation:
                 raise DataError(f"{source}: {name} is {count!r}, expected the number of {end} vertices (a whole "
                                 f"number >= 0).")
             if (bad := id_outside(ids, count)) is not None:
-                raise DataError(f"{source}: {end} id {bad} is out of range for {count} vertices of the "
+                raise DataError(f"{source}: {end} id {bad} is out of range for {count:,} vertices of the "
                                 f"{end} type; ids are 0..{count - 1}.")
         features = _edge_feature_rows(edge_features, src.shape[0], source)
         if edge_time is not None:
@@ -115,6 +115,6 @@ def _edge_feature_rows(edge_features, num_edges: int, source: str) -> np.ndarray
     if features.ndim == 1:
         features = features.reshape(-1, 1)  # one weight per edge
     if features.ndim != 2 or features.shape[0] != num_edges:
-        raise DataError(f"{source}: edge features of shape {features.shape} for {num_edges} edges; give one "
+        raise DataError(f"{source}: edge features of shape {features.shape} for {num_edges:,} edges; give one "
                         f"row per edge.")
     return feature_rows(features, f"{source}: edge features")

@@ -34,7 +34,7 @@ def load_snap(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0
     src, dst, columns = _read_edges(path)  # at least one edge, ids whole numbers from 0
     num_nodes, ids = _relabel(np.concatenate([src, dst]))
     if num_nodes < num_classes:
-        raise DataError(f"{path}: only {num_nodes} vertices. An edge list gets {num_classes} synthetic classes, "
+        raise DataError(f"{path}: only {num_nodes:,} vertices. An edge list gets {num_classes} synthetic classes, "
                         f"so it needs at least {num_classes} vertices; use a larger graph.")
     indptr, indices = edges_to_csc(ids[:src.shape[0]], ids[src.shape[0]:], num_nodes, source=str(path))
     if indices.shape[0] == 0:  # self loops are dropped: a graph without edges has nothing to sample
@@ -47,7 +47,7 @@ def load_snap(path: str | os.PathLike, split: str = DEFAULT_SPLIT, seed: int = 0
     features *= FEATURE_NOISE
     features += centroids[labels]
     train_idx, val_idx, test_idx = make_split(labels, num_classes, split, seed)
-    notes = [f"topology from {path.name}; features and labels are synthetic (seed {seed}): {num_classes} classes "
+    notes = [f"topology from {path.name}; features and labels are synthetic (seed {seed}): {num_classes:,} classes "
              f"grown breadth-first from {SEEDS_PER_CLASS} random seed vertices each and smoothed by a neighbour "
              f"majority vote, features = class centroid + N(0, {FEATURE_NOISE}^2) noise"]
     if columns > 2:  # weights, times: an edge is a line's first two ids

@@ -38,8 +38,8 @@ class SparseMatrix:
             raise DataError(f"{source}: the {self.format.upper()} sparse matrix is malformed "
                             f"({type(exc).__name__}: {exc}). The file is corrupt; fetch it again.") from None
         if not row.shape == col.shape == data.shape:
-            raise DataError(f"{source}: the {self.format.upper()} sparse matrix stores {row.shape[0]} row ids, "
-                            f"{col.shape[0]} column ids and {data.shape[0]} values. The file is corrupt or "
+            raise DataError(f"{source}: the {self.format.upper()} sparse matrix stores {row.shape[0]:,} row ids, "
+                            f"{col.shape[0]:,} column ids and {data.shape[0]:,} values. The file is corrupt or "
                             f"truncated; fetch it again.")
         for axis, ids, size in (("row", row, num_rows), ("column", col, num_cols)):
             if (bad := id_outside(ids, size)) is not None:

@@ -29,7 +29,7 @@ def split_overlap(train, val, test, notes: list[str]) -> tuple[str, str, str] | 
                              f"validation scores")
             continue
         if shared.shape[0]:
-            what = (f"{shared.shape[0]} {_SET_WORDS[first]} vertices are also in {second} (first: {int(shared[0])}), "
+            what = (f"{shared.shape[0]:,} {_SET_WORDS[first]} vertices are also in {second} (first: {int(shared[0])}), "
                     f"of {sets[first].shape[0]:,} {_SET_WORDS[first]} and {sets[second].shape[0]:,} "
                     f"{_SET_WORDS[second]} vertices")
             why = ("evaluation on training vertices overstates accuracy" if first == "train_idx" else
@@ -86,7 +86,7 @@ def make_split(labels: np.ndarray, num_classes: int, spec: str, seed: int = 0
             if 0 < members.shape[0] < n_train + n_val:
                 # Taking what there is would quietly give this class fewer training or validation vertices
                 # than the protocol says, and none to test on.
-                raise ConfigError(f"`split` {spec!r}: class {c} has {members.shape[0]} vertices, fewer than the "
+                raise ConfigError(f"`split` {spec!r}: class {c} has {members.shape[0]:,} vertices, fewer than the "
                                   f"{n_train} + {n_val} it takes from each class; choose smaller counts or a "
                                   f"ratio:TRAIN,VAL split.")
             for part, chosen in zip(parts, np.split(members, [n_train, n_train + n_val])):
@@ -95,7 +95,7 @@ def make_split(labels: np.ndarray, num_classes: int, spec: str, seed: int = 0
     out = tuple(np.sort(p).astype(np.int64) for p in parts)
     for name, idx in zip(("train", "val", "test"), out):
         if idx.size == 0:
-            raise ConfigError(f"`split` {spec!r} leaves the {name} set empty on a graph with {n} vertices; "
+            raise ConfigError(f"`split` {spec!r} leaves the {name} set empty on a graph with {n:,} vertices; "
                               f"choose larger fractions or smaller per-class counts.")
     return out
 

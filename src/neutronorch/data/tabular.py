@@ -19,6 +19,7 @@ from neutronorch.data.files import Progress, open_npy, present, read_error, read
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, parse_split
 from neutronorch.data.text_tables import TEXT_SUFFIXES, Column, from_text, places
+from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError, DataError
 
 TABLE_SUFFIXES = (*TEXT_SUFFIXES, *(s + ".gz" for s in TEXT_SUFFIXES), ".npy", ".json")
@@ -27,6 +28,11 @@ SNAP_SUFFIXES = (".txt", ".txt.gz", ".edges", ".tsv", ".tsv.gz")
 HEADERS = ("auto", "yes", "no")
 # How the note on labels that look like ids begins (the command line prints it as a warning).
 LIKE_IDS = "labels look like ids, not classes"
+# The notes of a graph whose tables give no labels, or no features.
+NO_LABELS = ("no labels: a graph for link prediction (train --task link); a node task needs labels (convert "
+             "again with --labels)")
+FEATURELESS = ("no features: written as a typed graph of one vertex type without features, whose vertices the "
+               "typed models give a learned embedding each")
 _SETS = {"train": "train_idx", "training": "train_idx", "val": "val_idx", "valid": "val_idx",
          "validation": "val_idx", "test": "test_idx"}
 
@@ -41,22 +47,31 @@ def only_a_table(path: str | os.PathLike) -> bool:
 
 
 @reads_files
-def load_tables(edges: str | os.PathLike, features: str | os.PathLike, labels: str | os.PathLike,
-                split: str | None = None, seed: int = 0, directed: bool = False, header: str = "auto",
-                name: str | None = None, progress: Progress | None = None,
-                label_column: str | int | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
+def load_tables(edges: str | os.PathLike, features: str | os.PathLike | None = None,
+                labels: str | os.PathLike | None = None, split: str | None = None, seed: int = 0,
+                directed: bool = False, header: str = "auto", name: str | None = None,
+                progress: Progress | None = None,
+                label_column: str | int | None = None) -> tuple[Graph | TypedGraph, dict[str, np.ndarray]]:
     """The graph of an edge table, a feature table and a label table, with ``split`` (a split table, or
     ``ratio:``/``per-class:`` drawn with ``seed``; default ``ratio:0.6,0.2``); messages pass both ways
     unless ``directed`` (then from each edge's first column to its second). ``label_column``: the column of
     a text label table that holds the labels, by header name or index from 0 (needed where it has more than
-    one column after the id). Returns it and what to keep beside it: ``node_ids`` (each vertex's id in the
-    files, where they were renumbered) and ``class_names``. ``progress(file, bytes done, bytes total)``
-    before and after each table is read."""
+    one column after the id). Without ``labels`` the graph has no node task (``num_classes`` 0, no split: a
+    link task's graph) and a ``split`` is refused; without ``features`` it is the ``TypedGraph`` of one vertex
+    type without features, whose vertices the typed models give a learned embedding each (``write_typed``
+    writes it). Returns it and what to keep beside it: ``node_ids`` (each vertex's id in the files, where they
+    were renumbered) and ``class_names``. ``progress(file, bytes done, bytes total)`` before and after each
+    table is read."""
     if header not in HEADERS:
         raise ConfigError(f"`header` {header!r}: expected one of {', '.join(HEADERS)}.")
+    if labels is None and split is not None:
+        what = ("an edge split, drawn as a link task trains, not stored with the data" if str(split).startswith(
+            "edges:") else "splits the labelled vertices of a node task, and no labels are given, so there is none")
+        raise ConfigError(f"`split` {split}: {what}; leave `split` out (a link task splits the edges as it "
+                          f"trains: train --task link --split edges:TRAIN,VAL), or give the labels.")
     if split is not None and not is_table(split):
         parse_split(split)  # a bad spec is said before any table is read
-    _check_label_column(label_column, Path(labels))
+    _check_label_column(label_column, None if labels is None else Path(labels))
     def read(path, role: str) -> Column:
         size = Path(path).stat().st_size if Path(path).is_file() else 0
         if progress is not None:
@@ -69,38 +84,58 @@ def load_tables(edges: str | os.PathLike, features: str | os.PathLike, labels: s
     edge_table = read(edges, "edges")
     if edge_table.values.shape[1] < 2:
         raise DataError(f"{edges}: holds one column; an edge table's lines hold a source and a destination id.")
-    feature_table, label_table = read(features, "features"), read(labels, "labels")
+    feature_table = read(features, "features") if features is not None else None
+    label_table = read(labels, "labels") if labels is not None else None
     split_table = read(split, "split") if split is not None and is_table(split) else None
     ends = edge_table.values[:, :2]
-    tables = [feature_table, label_table, *([split_table] if split_table else [])]
+    tables = [table for table in (feature_table, label_table, split_table) if table is not None]
     uses = [(edge_table, ends), *((t, t.ids[:, None]) for t in tables if t.ids is not None)]  # where ids appear
     node_ids, num_nodes = _numbering(uses, [t for t in tables if t.ids is None])
     number = (lambda ids: ids.astype(np.int64)) if node_ids is None else (
         lambda ids: np.searchsorted(node_ids, ids.astype(node_ids.dtype)))
-    x = _placed(feature_table, number, num_nodes, np.float32, uses, node_ids)
-    y, class_names = _classes(label_table, number, num_nodes)
-    _check_classes(y, label_table)
+    x = (_placed(feature_table, number, num_nodes, np.float32, uses, node_ids) if feature_table is not None
+         else np.zeros((num_nodes, 0), np.float32))
+    y, class_names = _classes(label_table, number, num_nodes) if label_table else (np.full(num_nodes, -1), None)
+    if label_table:
+        _check_classes(y, label_table)
     ends = number(ends.ravel()).reshape(ends.shape)
-    notes = [f"from your tables: {edge_table.said}; {feature_table.said}; {label_table.said}"
-             + (f"; {split_table.said}" if split_table else f"; split {split or DEFAULT_SPLIT} (seed {seed})"),
+    notes = [f"from your tables: {edge_table.said}; {feature_table.said if feature_table else 'no features'}; "
+             f"{label_table.said if label_table else 'no labels'}"
+             + (f"; {split_table.said}" if split_table else f"; split {split or DEFAULT_SPLIT} (seed {seed})"
+                if label_table else ""),
              "messages pass from each edge's first id to its second" if directed else "edges made undirected"]
     notes += [f"{table.path.name}: {table.ignored} not used" for table in (edge_table, *tables) if table.ignored]
     if node_ids is not None:
-        notes.append(f"vertex ids renumbered 0..{num_nodes - 1} in sorted order; node_ids.npy keeps each "
-                     f"vertex's id in the files")
-    notes += _like_ids(y, label_table)
-    graph = Graph.from_arrays(ends[:, 0], ends[:, 1], x, y, _split_sets(split_table, number) if split_table else None,
-                              name=name or _stem(edge_table.path), num_nodes=num_nodes, undirected=not directed,
-                              split=split or DEFAULT_SPLIT, seed=seed)
+        notes.append(f"{num_nodes:,} vertex ids renumbered 0..{num_nodes - 1} in sorted order; node_ids.npy "
+                     f"keeps each vertex's id in the files")
+    notes += _like_ids(y, label_table) if label_table else [NO_LABELS]
+    none = np.empty(0, np.int64)
+    graph = Graph.from_arrays(ends[:, 0], ends[:, 1], x, y, _split_sets(split_table, number) if split_table else
+                              None if label_table else (none, none, none), name=name or _stem(edge_table.path),
+                              num_nodes=num_nodes, undirected=not directed, split=split or DEFAULT_SPLIT, seed=seed,
+                              num_classes=None if label_table else 0)
     graph.notes[:0] = notes
     kept = {"node_ids": node_ids, "class_names": class_names}
-    return graph, {key: value for key, value in kept.items() if value is not None}
+    return graph if feature_table else _featureless(graph), {k: v for k, v in kept.items() if v is not None}
 
 
-def _check_label_column(label_column, labels: Path) -> None:
-    """``label_column`` picks a column of a text table; given for an array or JSON file it is refused."""
+def _featureless(graph: Graph) -> TypedGraph:
+    """A graph whose tables give no features as the typed graph of its one vertex type without features: the
+    typed models learn an embedding per vertex of such a type (docs/heterogeneous.md)."""
+    typed = TypedGraph.of(graph)
+    typed.features, typed.labels = {}, graph.labels if graph.num_classes else None
+    typed.notes.append(FEATURELESS)
+    return typed.validate(graph.name)
+
+
+def _check_label_column(label_column, labels: Path | None) -> None:
+    """``label_column`` picks a column of a text table; given for an array or JSON file, or without labels, it
+    is refused."""
     if label_column is None:
         return
+    if labels is None:
+        raise ConfigError(f"`label_column` {label_column!r}: picks the labels' column of a label table, and none is "
+                          f"given; give the labels, or leave `label_column` out.")
     if isinstance(label_column, bool) or not isinstance(label_column, (str, int, np.integer)):
         raise ConfigError(f"`label_column` {label_column!r}: expected a column's header name or its index from 0.")
     if labels.name.lower().endswith((".npy", ".json")):  # a text table's is checked as it is read
@@ -142,7 +177,7 @@ def _read(path: Path, role: str, header: str, label_column: str | int | None = N
 
 
 def _from_array(path: Path, role: str, array: np.ndarray) -> Column:
-    said = f"{role} {path.name} ({'x'.join(map(str, array.shape))} array)"
+    said = f"{role} {path.name} ({' x '.join(f'{size:,}' for size in array.shape)} array)"
     if role == "edges":
         if array.ndim != 2 or 2 not in array.shape or array.shape == (2, 2) or array.dtype.kind not in "iu":
             raise DataError(f"{path}: holds a {array.dtype} array of shape {array.shape}; an edge array is an "

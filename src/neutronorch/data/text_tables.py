@@ -150,14 +150,14 @@ def pick_label_column(path: Path, names: list[str] | None, rows: list[list[str]]
         if width <= 2:
             return width - 1
         fewest = min(range(1, width), key=lambda j: (len({row[j] for row in rows}), -j))  # the likeliest labels
-        raise DataError(f"{path}: holds {width - 1} columns after the id {listing}; a label table gives one label "
+        raise DataError(f"{path}: holds {width - 1:,} columns after the id {listing}; a label table gives one label "
                         f"per vertex. Name the labels' column with `label_column` (a header name, or an index from "
                         f"0; 0 is the ids), such as `label_column`={names[fewest] if names else fewest}, or give "
                         f"'id,label' lines.")
     index = _column_index(pick, names)
     if index is None or not 0 <= index < width:
         what = (f"names no column of the header {shown_names(names)}" if names and index is None else
-                f"is not one of its {width} columns (0..{width - 1})" if index is not None else
+                f"is not one of its {width:,} columns (0..{width - 1})" if index is not None else
                 "is no index, and the table has no header naming its columns")
         raise DataError(f"{path}: `label_column` {pick!r} {what}; give the header name or the index from 0 of "
                         f"one of the columns after the id {listing}.")
@@ -214,12 +214,36 @@ def is_number(text: str) -> bool:
 
 def _is_header(rows: list[list[str]]) -> bool:
     """A first row is a header where it names its columns (known words), or where a column holds numbers
-    in every row but the first."""
+    in every row but the first; or, in a table of words, where some column's first cell stands apart from the
+    cells below it (``_apart``) and no first cell is a number or a value the rows below hold again."""
     head, rest = rows[0], rows[1:]
     if all(field.lower() in _COLUMN_WORDS for field in head):
         return True
-    return bool(rest) and any(not is_number(field) and all(is_number(row[j]) for row in rest)
-                              for j, field in enumerate(head))
+    if not rest:
+        return False
+    columns = [[row[j] for row in rest] for j in range(len(head))]
+    if any(not is_number(field) and all(map(is_number, column)) for field, column in zip(head, columns)):
+        return True
+    below = {cell for row in rest for cell in row}
+    if any(is_number(field) or field in below for field in head):
+        return False  # a first row of data: a number, or a value the rows below hold again
+    return any(_apart(field, column) for field, column in zip(head, columns))
+
+
+def _kind(text: str) -> frozenset:
+    """The kinds of characters ``text`` holds: letters, digits, others (``cs.AI`` letters and others)."""
+    return frozenset("letter" if c.isalpha() else "digit" if c.isdigit() else "other" for c in text)
+
+
+def _apart(field: str, column: list[str]) -> bool:
+    """Whether ``field`` (a first row's cell, neither a number nor below it) stands apart from the cells
+    below it: its kind of characters is none of theirs (``category`` over ``cs.AI``, ``node`` over ``p17``),
+    or the column repeats its values (classes: at most 1 in 20 of its cells seen once, so a value of the column
+    would be seen again) and ``field`` is not one of them (``subject`` over ``physics``, ``math``, ...)."""
+    if _kind(field) not in {_kind(cell) for cell in column}:
+        return True
+    _, counts = np.unique(np.asarray(column), return_counts=True)
+    return int((counts == 1).sum()) * 20 <= len(column)
 
 
 def _load(path: Path, delimiter: str | None, skip: int, columns: list[int], kind, width: int) -> np.ndarray:

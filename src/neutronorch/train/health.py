@@ -168,6 +168,10 @@ def check_learnable(graph, node_task: bool = True, feature_dim: int | None = Non
     that can: classes without a training vertex. ``feature_dim``: the features' width when a built-in model
     reads them (None: not checked); without ``node_task`` (a link task) only the features are checked."""
     name, labels, num_classes = graph.name, graph.labels, graph.num_classes
+    if node_task and (labels is None or num_classes == 0):
+        raise DataError(f"{name}: has no labels, so a node task has nothing to learn; it is a graph for link "
+                        f"prediction (`task` link). To classify its vertices, give it labels (of your own tables: "
+                        f"convert them again with their labels, docs/datasets.md, \"Your own tables\").")
     if feature_dim == 0:
         raise DataError(f"{name}: its vertices have no features (feature_dim 0), and the built-in models compute "
                         f"every output from them: every vertex would get the same one. Give features (a constant "

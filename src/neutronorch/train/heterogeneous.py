@@ -64,8 +64,6 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     (``TypedGNN``, or ``user_model`` adapted by ``UserModel``), its tables (``plan_tables``: where they live,
     checked; open while ``stack`` is) and optimizers."""
     link = config.task == "link"  # a relation's edges (train/link_task.py's typed_link_graph)
-    if graph.labels is None and not link:
-        raise ConfigError(f"{graph.name}: its target type {graph.target!r} has no labels to train on.")
     warnings = check_learnable(graph, not link)
     graph = typed_link_graph(graph, config) if link else graph.with_reverse()
     sampler = TypedNeighborSampler(graph, options.fanouts if options.fanouts is not None else config.fanouts)

@@ -22,14 +22,15 @@ from neutronorch.train.output_guard import (check_creatable, check_distinct, che
 from neutronorch.train.task import Task
 
 NODE_SETS = ("test", "val", "train", "all")
-# What ``nodes`` may be: a set's name, a .npy file, or the vertex ids themselves.
+# What ``nodes`` may be: a set's name, a .npy or text file, or the vertex ids themselves.
 Nodes = Union[str, os.PathLike, np.ndarray, torch.Tensor, Sequence[int]]
 
 
 def select_nodes(graph: Graph | TypedGraph, nodes: Nodes, node_type: str | None = None) -> np.ndarray:
-    """``test``, ``val``, ``train``, ``all``, a ``.npy`` file of vertex ids, or the ids themselves (a numpy
-    array, list, tuple or torch tensor), checked alike: 1-D integers in 0..num_nodes-1. Of a typed graph, ids
-    of ``node_type`` (default: the target, whose vertices the splits hold)."""
+    """``test``, ``val``, ``train``, ``all``, a ``.npy`` file of vertex ids, a text file of them (``read_ids``),
+    or the ids themselves (a numpy array, list, tuple or torch tensor), checked alike: 1-D integers in
+    0..num_nodes-1. Of a typed graph, ids of ``node_type`` (default: the target, whose vertices the splits
+    hold)."""
     count, of = graph.num_nodes, ""
     if isinstance(graph, TypedGraph):
         node_type = node_type or graph.target
@@ -42,13 +43,18 @@ def select_nodes(graph: Graph | TypedGraph, nodes: Nodes, node_type: str | None 
             return np.array(getattr(graph, f"{nodes}_idx"), dtype=np.int64)
         if nodes == "all":
             return np.arange(count, dtype=np.int64)
-        if Path(nodes).suffix != ".npy" or not Path(nodes).is_file():
-            raise ConfigError(f"`nodes` {str(nodes)!r}: give one of {', '.join(NODE_SETS)}, an existing .npy file "
-                              f"of vertex ids, or the ids (an array, list or tensor).")
-        try:
-            ids, what = np.load(nodes, allow_pickle=False), f"`nodes` {nodes}"
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
-            raise ConfigError(f"`nodes` {nodes}: cannot be read as a .npy array ({exc}).") from None
+        if not Path(nodes).is_file():
+            raise ConfigError(f"`nodes` {str(nodes)!r}: give one of {', '.join(NODE_SETS)}, an existing file of "
+                              f"vertex ids (.npy, or text), or the ids (an array, list or tensor).")
+        what = f"`nodes` {nodes}"
+        if Path(nodes).suffix != ".npy":
+            ids, lines = read_ids(Path(nodes), what)
+            ids = whole_numbers(ids, lines, what)
+        else:
+            try:
+                ids = np.load(nodes, allow_pickle=False)
+            except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
+                raise ConfigError(f"`nodes` {nodes}: cannot be read as a .npy array ({exc}).") from None
     else:
         ids, what = ids_in_memory(nodes), "`nodes` (vertex ids given in memory)"
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
@@ -63,6 +69,46 @@ def select_nodes(graph: Graph | TypedGraph, nodes: Nodes, node_type: str | None 
         raise ConfigError(f"{what}: {int(bad.sum()):,} vertex id{'s' if bad.sum() > 1 else ''} out of range, the "
                           f"first {int(ids[first])} (entry {first}); vertex ids must be in 0..{count - 1}{of}.")
     return ids.astype(np.int64)
+
+
+def id_lines(path: Path, what: str) -> list[tuple[int, list[str]]]:
+    """A text file's ids by line: (its number from 1, its ids, separated by commas or whitespace or both),
+    blank lines and ``#`` comments left out."""
+    try:
+        with open(path, encoding="utf-8") as text:
+            lines = [(number, line.partition("#")[0].replace(",", " ").split()) for number, line in enumerate(text, 1)]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what}: cannot be read as text ({exc}).") from None
+    return [(number, ids) for number, ids in lines if ids]
+
+
+def read_ids(path: Path, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of a text file (``id_lines``: one a line, or several separated by commas or spaces), as text,
+    and the line (from 1) of each; a file without any is refused."""
+    lines = id_lines(path, what)
+    ids = np.asarray([i for _, found in lines for i in found], dtype=str)
+    if not ids.size:
+        raise ConfigError(f"{what}: holds no ids; give one a line, or several separated by commas or spaces.")
+    return ids, np.asarray([number for number, found in lines for _ in found], dtype=np.int64)
+
+
+def whole_numbers(ids: np.ndarray, lines: np.ndarray, what: str) -> np.ndarray:
+    """Ids read as text (``read_ids``) as vertex numbers, int64; the first that is none is refused with its
+    line."""
+    try:
+        return ids.astype(np.int64)
+    except (ValueError, OverflowError):
+        bad = next(k for k, i in enumerate(ids) if not is_whole(i))
+        raise ConfigError(f"{what}: line {lines[bad]} holds {str(ids[bad])!r}, not a vertex number (a whole "
+                          f"number from 0).") from None
+
+
+def is_whole(text: str) -> bool:
+    """Whether ``text`` is a whole number int64 holds."""
+    try:
+        return -(1 << 63) <= int(text) < 1 << 63
+    except ValueError:
+        return False
 
 
 def ids_in_memory(nodes, what: str = "`nodes` (vertex ids given in memory)") -> np.ndarray:
