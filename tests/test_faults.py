@@ -12,9 +12,12 @@ from neutronorch.features.store import FeatureStore
 from neutronorch.nn.splice import SpliceIndex
 from neutronorch.orchestration.neutronorch.planner import Planner
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, TorchNeighborSampler
-from neutronorch.train import run
+from neutronorch.train import loop, run
 
 PIPELINE_THREADS = ("exact-producer", "device-producer", "neutronorch-")
+# At most the batches made ahead of the trainer, taken after a fault: 2 prefetched (exact, device); NeutronOrch's
+# planned super-batches, 2 of 2 batches.
+MADE_AHEAD = 4
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +75,23 @@ STAGES = [
 @pytest.mark.parametrize("mode,stage,owner,name,after", STAGES, ids=[f"{m}-{s}" for m, s, *_ in STAGES])
 def test_a_fault_in_any_stage_stops_the_run_promptly(monkeypatch, graph, compiled, mode, stage, owner, name,
                                                       after):
-    raised_at = []
+    raised_at, steps = [], []
     inject(monkeypatch, owner, name, after, raised_at)
+    step = loop.train_step
+
+    def counted(*args, **kwargs):
+        steps.append(time.monotonic())
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", counted)
     with pytest.raises(Injected, match=f"{name} broke") as info:
-        train(run_config(mode), graph)
+        train(run_config(mode, batch_size=8), graph)
     caught = time.monotonic()
-    assert raised_at and caught - raised_at[0] < 1.0, "the fault took more than a second to surface"
+    # Promptly: within a second, or (on a loaded machine, where a second is a few steps) before the trainer took
+    # more steps than the batches made ahead of it; a fault that waited for the epoch's end would take about 15 (19 an epoch).
+    after_fault = sum(1 for t in steps if raised_at and t > raised_at[0])
+    assert raised_at and (caught - raised_at[0] < 1.0 or after_fault <= MADE_AHEAD), \
+        f"the fault took {caught - raised_at[0]:.2f} s and {after_fault} steps to surface"
     assert any(entry.name == "faulty" for entry in info.traceback)  # the original traceback
     deadline = time.monotonic() + 5
     while _pipeline_threads() and time.monotonic() < deadline:
