@@ -88,7 +88,7 @@ def test_a_fault_in_any_stage_stops_the_run_promptly(monkeypatch, graph, compile
         train(run_config(mode, batch_size=8), graph)
     caught = time.monotonic()
     # Promptly: within a second, or (on a loaded machine, where a second is a few steps) before the trainer took
-    # more steps than the batches made ahead of it; a fault that waited for the epoch's end would take about 15 (19 an epoch).
+    # more steps than the batches made ahead of it; one that waited for the epoch's end would take about 15 more.
     after_fault = sum(1 for t in steps if raised_at and t > raised_at[0])
     assert raised_at and (caught - raised_at[0] < 1.0 or after_fault <= MADE_AHEAD), \
         f"the fault took {caught - raised_at[0]:.2f} s and {after_fault} steps to surface"
