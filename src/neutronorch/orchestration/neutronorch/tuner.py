@@ -9,8 +9,9 @@ class HotRatioTuner:
     ``history`` entry says what was decided and why.
 
     Whether reuse pays (at first, at a probe, and before reuse goes off) is decided on a bracket of four epochs,
-    two with hot rows and two without, alternating, by the faster of each pair: another program's load, which
-    only adds time, in any one of the four cannot change the decision."""
+    two with hot rows and two without, alternating; reuse changes state only where every epoch with hot rows
+    compares with every one without alike, so that noise or another program's load on one epoch cannot make a
+    wrong change (it may delay a right one)."""
 
     LOW, HIGH = 0.01, 0.8
     MIN_STEP = 0.25  # log2 units: the walk stops refining below a factor of 2 ** 0.25
@@ -149,23 +150,33 @@ class HotRatioTuner:
                 f"{seconds:.3f} {self.unit} {'with' if ratio > 0 else 'without'} hot rows; one more {side} "
                 f"({len(self._bracket)} of {self.BRACKET} epochs, alternating)")
         hot = [b for b in self._bracket if b[1] > 0]
-        (fastest, at, share), without = min(hot, key=lambda b: b[0]), min(b[0] for b in self._bracket if b[1] == 0)
-        self._zero = without
-        # What the probe must beat, and what keeps reuse on: hysteresis, so that noise does not flip it back.
-        margin = {"first": self.FIRST_MARGIN, "recheck": self.MARGIN, "probe": 0.0}[self._kind]
-        times = lambda hot: " and ".join(f"{b[0]:.3f}" for b in self._bracket if (b[1] > 0) == hot)  # noqa: E731
-        measured = (f"{times(True)} {self.unit} per epoch with hot rows ({self._at(at, share)}), {times(False)} "
-                    f"without, alternating (the faster of each compared)")
-        if fastest >= without * (1 + margin):
+        (fastest, at, share) = min(hot, key=lambda b: b[0])
+        with_, without = [b[0] for b in hot], [b[0] for b in self._bracket if b[1] == 0]
+        self._zero = sum(without) / len(without)
+        times = lambda seconds: " and ".join(f"{t:.3f}" for t in seconds)  # noqa: E731
+        measured = (f"{times(with_)} {self.unit} per epoch with hot rows ({self._at(at, share)}), {times(without)} "
+                    f"without")
+        # Reuse changes state only where every epoch of the bracket agrees: one disturbed epoch may delay a change
+        # (a recheck or the next probe makes it), never make a wrong one.
+        if self._kind == "probe":
+            on = max(with_) < min(without)
+            verdict = ("the probe paid: every epoch with hot rows was faster than every one without" if on else
+                       "the probe did not pay: not every epoch with hot rows was faster than every one without")
+        else:
+            margin = self.FIRST_MARGIN if self._kind == "first" else self.MARGIN
+            on = min(with_) < max(without) * (1 + margin)
+            verdict = (f"reuse does not pay: every epoch with hot rows was slower than every one without by more "
+                       f"than {100 * margin:.0f}%" if not on else
+                       "reuse pays: every epoch with hot rows was faster than every one without"
+                       if max(with_) < min(without) else
+                       f"not every epoch with hot rows was slower than every one without by more than "
+                       f"{100 * margin:.0f}%: reuse stays on, later epochs decide")
+        if not on:
             self._phase, self._off, self.ratio = "off", 0, 0.0
-            verdict = "the probe did not pay" if self._kind == "probe" else "reuse does not pay"
             return "off", f"{verdict}: {measured}"
         self._phase, self._direction, self._step = "on", 1.0, 1.0
         self._best, self._best_share = (fastest, at), share
         self._set(self._next_positive(at))
-        verdict = ("the probe paid" if self._kind == "probe" else "reuse pays" if fastest < without else
-                   f"within {100 * margin:.0f}%{' (early in training)' if self._kind == 'first' else ''}: "
-                   f"later epochs decide")
         return "on", f"{verdict}: {measured}"
 
     def _next_positive(self, base: float) -> float:
