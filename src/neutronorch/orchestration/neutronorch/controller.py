@@ -177,9 +177,10 @@ class RatioController:
                 "stale_error": None if error is None else float(error)}
 
     def end_epoch(self, record: dict, epoch_ratio: float | None, stages: StageTable,
-                  agree: Callable[[list[float]], list[float]] | None = None) -> dict:
+                  agree: Callable[[list[float]], list[float]] | None = None, apart: float | None = None) -> dict:
         """The epoch's controls for its record; then, with ``auto``, the next epoch's lead and ratio.
-        ``agree``: the measurements' maximum over ranks that must decide alike (a node sharing hot rows)."""
+        ``agree``: the measurements' maximum over ranks that must decide alike (a node sharing hot rows);
+        ``apart``: the share of the epoch's super-batches planned at another ratio (None: not known)."""
         out = {"snapshot_lead": self.lead,
                "hot_ratio": round(epoch_ratio if epoch_ratio is not None else self.setting.ratio, 4)}
         drift = self.measured()
@@ -193,8 +194,9 @@ class RatioController:
         shared = self.tuner is not None and self.tuner.shared_cores
         judged = record.get("cpu_seconds", record["seconds"]) if shared else record["seconds"]
         measured = [record["seconds"], judged, stage.get("wait_hot", 0.0), busy.get("host", 0.0),
-                    busy.get("trainer", 0.0), stage.get("hot_grad", 0.0)]
-        seconds, judged, wait_hot, host, trainer, hot_grad = agree(measured) if agree is not None else measured
+                    busy.get("trainer", 0.0), stage.get("hot_grad", 0.0), -1.0 if apart is None else apart]
+        seconds, judged, wait_hot, host, trainer, hot_grad, apart = agree(measured) if agree is not None else measured
+        apart = None if apart < 0 else apart
         if self.auto_lead and wait_hot > 0.02 * seconds:
             # The trainer waited for hot rows: give the host more steps (the bound still caps the lead).
             self.lead = min(self.schedule.max_lead, self.lead + max(1, self.lead // 2))
@@ -203,7 +205,7 @@ class RatioController:
             # What the hot rows cost the device: on shared cores the host's work, else the trainer's waits;
             # and their gradient either way.
             cost = (host if self.tuner.shared_cores else wait_hot) + hot_grad
-            ratio = self.tuner.update(judged, host / per, trainer / per, cost, epoch_ratio)
+            ratio = self.tuner.update(judged, host / per, trainer / per, cost, epoch_ratio, apart)
             self.published.publish(replace(self.setting, ratio=ratio))
             last = self.tuner.history[-1]
             out["hot_ratio_auto"] = {key: last[key] for key in ("next", "decision", "reason")}  # the epoch's reuse line

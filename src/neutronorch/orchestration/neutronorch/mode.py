@@ -332,7 +332,8 @@ class NeutronOrchMode:
         if self.node is not None:  # the node's ranks share rows: they must take snapshots at the same versions
             agree = lambda values: self.node.link.max_(torch.tensor(values, dtype=torch.float64)).tolist()  # noqa: E731
         ratio, served = self.stats.end_epoch(record["epoch"])
-        record.update(self.controller.end_epoch(record, ratio, self.stages, agree))
+        apart = self.stats.planned_apart(record["epoch"], self.controller.setting.ratio)
+        record.update(self.controller.end_epoch(record, ratio, self.stages, agree, apart))
         record.update(hot_served=None if served is None else round(served, 4), staleness=self.staleness.end_epoch())
 
     def summary(self) -> dict:

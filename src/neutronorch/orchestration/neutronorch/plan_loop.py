@@ -74,7 +74,7 @@ class PlanLoop:
             plan = planner.plan(super_batch_id, epoch, uppers, setting.ratio, setting.cap(), hot, fresh)
         # A plan is frozen: what the seeds add to it is set by making it anew, before it crosses to another thread.
         exclude = torch.cat([b.exclude for b in batches], 1) if batches and batches[0].exclude is not None else None
-        return replace(plan, stats=replace(plan.stats, setting=number), exclude=exclude,
+        return replace(plan, stats=replace(plan.stats, setting=number, ratio=setting.ratio), exclude=exclude,
                        batches=tuple(replace(item, targets=batch.targets, exclude=batch.exclude)
                                      for item, batch in zip(plan.batches, batches)))
 

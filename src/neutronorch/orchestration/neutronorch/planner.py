@@ -51,6 +51,7 @@ class PlanStats:
     saved_edges: int
     error_capped: bool = False  # the staleness-error cap lowered |H_s| below the ratio's
     setting: int = 0  # the number of the ratio setting's publication the plan followed
+    ratio: float | None = None  # ... and its ratio
 
 
 @dataclass(frozen=True)

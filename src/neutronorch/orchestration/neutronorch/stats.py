@@ -13,6 +13,7 @@ class HotStats:
         self.saved_edges = self.host_edges = self.error_capped = self.computed = 0
         self._epoch_shares: dict[int, list[float]] = {}
         self._epoch_served: dict[int, list[int]] = {}  # epoch -> [rows served hot, bottom-layer rows]
+        self._epoch_ratios: dict[int, list[float]] = {}  # epoch -> the ratio each of its plans followed
 
     def account(self, plan: PlanStats, host_edges: int = 0, computed: int | None = None) -> None:
         """Once per super-batch (``computed``: hot rows this rank computed, if not all)."""
@@ -23,6 +24,8 @@ class HotStats:
         self.host_edges += host_edges
         self.error_capped += int(plan.error_capped)
         self._epoch_shares.setdefault(plan.epoch, []).append(plan.hot / max(1, plan.reached))
+        if plan.ratio is not None:
+            self._epoch_ratios.setdefault(plan.epoch, []).append(plan.ratio)
         served = self._epoch_served.setdefault(plan.epoch, [0, 0])
         served[0] += plan.hot_appearances
         served[1] += plan.appearances
@@ -33,6 +36,12 @@ class HotStats:
         shares = self._epoch_shares.pop(epoch, [])
         hot, rows = self._epoch_served.pop(epoch, [0, 0])
         return (sum(shares) / len(shares) if shares else None), (hot / rows if rows else None)
+
+    def planned_apart(self, epoch: int, ratio: float) -> float | None:
+        """The share of the epoch's super-batches planned at another ratio than ``ratio`` (planned ahead before it
+        was set), or None where no plan said its ratio."""
+        ratios = self._epoch_ratios.pop(epoch, [])
+        return sum(r != ratio for r in ratios) / len(ratios) if ratios else None
 
     def state_dict(self) -> dict:
         return {k: v for k, v in vars(self).items()}

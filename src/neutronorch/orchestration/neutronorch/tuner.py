@@ -48,11 +48,13 @@ class HotRatioTuner:
         self._kind = "first"
 
     def update(self, epoch_seconds: float, host_seconds: float, device_seconds: float,
-               cost_seconds: float | None = None, hot_share: float | None = None) -> float:
+               cost_seconds: float | None = None, hot_share: float | None = None,
+               planned_apart: float | None = None) -> float:
         """Record one epoch at the current ratio; return the next epoch's. ``host_seconds``,
         ``device_seconds``: busy seconds per super-batch; ``cost_seconds``: what the hot rows cost the device
         over the epoch; ``hot_share``: the share of reached vertices made hot (the error cap may keep it below
-        the ratio)."""
+        the ratio); ``planned_apart``: the share of its super-batches planned ahead at the ratio before (None:
+        not known, then judged from the hot share at r 0)."""
         entry = {"ratio": round(self.ratio, 4), "epoch_s": round(epoch_seconds, 3),
                  "host_s_per_super_batch": round(host_seconds, 4),
                  "device_s_per_super_batch": round(device_seconds, 4)}
@@ -65,21 +67,29 @@ class HotRatioTuner:
         capped = hot_share is not None and hot_share < self.NOTHING_HOT and self.ratio > 0
         # At r 0 yet rows served hot: super-batches planned ahead before r went to 0 (the snapshot's lead).
         tolerated = max(self.NOTHING_HOT, self.MIXED * (self._hot_share or 0.0))
-        mixed = hot_share if hot_share is not None and hot_share >= tolerated and self.ratio == 0 else None
+        if planned_apart is not None:  # either way: at r 0 after a ratio, or at a ratio after r 0 or another
+            mixed = planned_apart if planned_apart > self.MIXED else None
+        else:
+            mixed = hot_share if hot_share is not None and hot_share >= tolerated and self.ratio == 0 else None
         self._share = hot_share
         if self.ratio > 0 and hot_share is not None and not capped:
             self._hot_share = hot_share
-        decision, reason = self._decide(epoch_seconds, device_seconds < host_seconds, capped, mixed)
+        decision, reason = self._decide(epoch_seconds, device_seconds < host_seconds, capped, mixed,
+                                        planned_apart is not None)
         entry.update(next=round(self.ratio, 4), decision=decision, reason=reason)
         self.history.append(entry)
         return self.ratio
 
-    def _decide(self, seconds: float, host_behind: bool, capped: bool, mixed: float | None) -> tuple[str, str]:
+    def _decide(self, seconds: float, host_behind: bool, capped: bool, mixed: float | None,
+                by_plans: bool = False) -> tuple[str, str]:
         ratio, phase = self.ratio, self._phase
         served = ratio > 0 and not capped  # hot rows were used (unknown share: taken as used)
         if phase == "start":
             self._phase, self._warm = "measure", served
             return "warm-up", "the first epoch (compilation, cold caches) decides nothing"
+        if mixed is not None and by_plans:  # planned in part at the ratio before: measured neither
+            return "mixed", (f"{100 * mixed:.0f}% of its super-batches were planned ahead at the ratio before: this "
+                             f"epoch measured neither; one more at r {ratio:.3g}")
         if mixed is not None:  # neither an epoch without hot rows nor one at a ratio: it decides nothing
             return "mixed", (f"a mean {100 * mixed:.1f}% of the vertices reached were hot, in super-batches planned "
                              f"before r went to 0: this epoch measured neither; one more without hot rows")
