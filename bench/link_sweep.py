@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from neutronorch import TrainConfig, load_dataset, train
+from neutronorch import TrainConfig, TypedOptions, load_dataset, train
 from neutronorch.data import load_typed_dataset
 from neutronorch.config import TASK_DEFAULTS
 
@@ -58,7 +58,8 @@ NODE_DEFAULTS = {"hidden": TrainConfig().hidden, "fanouts": "10,10",  # a node t
                  **{key: TASK_DEFAULTS["node"][key] for key in ("dropout", "lr", "batch_size")}}
 GRID = ("base,hidden=64,hidden=256,dropout=0,dropout=0.5,dropout=0.7,lr=0.001,lr=0.003,lr=0.01,"
         "batch_size=256,batch_size=0,node-defaults")
-CASTS = {"hidden": int, "dropout": float, "lr": float, "batch_size": int, "fanouts": str}
+CASTS = {"hidden": int, "dropout": float, "lr": float, "batch_size": int, "fanouts": str, "weight_decay": float,
+         "table_lr": float}
 
 
 def parse_args(argv=None):
@@ -82,7 +83,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def setting(name: str, base: dict) -> dict:
+def setting(name: str, base: dict, typed: bool = False) -> dict:
     """The fields of one grid entry."""
     if name == "base":
         return dict(base)
@@ -92,6 +93,8 @@ def setting(name: str, base: dict) -> dict:
         return {"hidden": TrainConfig().hidden, "fanouts": "10,10",
                 **{key: TASK_DEFAULTS["link"][key] for key in ("dropout", "lr", "batch_size")}}
     field, sep, value = name.partition("=")
+    if field == "table_lr" and not typed:
+        sys.exit(f"--grid entry {name!r}: table_lr (the embedding tables' rate, a multiple of lr) needs --typed")
     if not sep or field not in CASTS:
         sys.exit(f"--grid entry {name!r}: give base, node-defaults, defaults or FIELD=VALUE with FIELD one of "
                  f"{', '.join(CASTS)}")
@@ -100,14 +103,16 @@ def setting(name: str, base: dict) -> dict:
 
 def run_one(path: str, fields: dict, seed: int, epochs: int, args, model: str = "sage") -> dict:
     typed = {"link_relation": args.link_relation} if args.typed else {}
+    # table_lr: the typed tables' learning rate as a multiple of lr (TypedOptions.table_lr; unset: the package's)
+    options = TypedOptions(table_lr=fields["table_lr"] * fields["lr"]) if "table_lr" in fields else None
     config = TrainConfig(dataset=path, task="link", model=model, fanouts=fields["fanouts"], hidden=fields["hidden"],
                          dropout=fields["dropout"], lr=fields["lr"], batch_size=fields["batch_size"], epochs=epochs,
-                         weight_decay=0.0, negatives=1, link_head="dot", split="edges:0.85,0.05", seed=seed,
-                         mode="exact", threads=args.threads, sampler_threads=args.sampler_threads, progress=False,
-                         eval_every=1, **typed)
+                         weight_decay=fields.get("weight_decay", 0.0), negatives=1, link_head="dot",
+                         split="edges:0.85,0.05", seed=seed, mode="exact", threads=args.threads,
+                         sampler_threads=args.sampler_threads, progress=False, eval_every=1, **typed)
     t0 = time.perf_counter()
     with contextlib.redirect_stderr(io.StringIO()):
-        summary = train(config, graph=load_typed_dataset(path) if args.typed else load_dataset(path))
+        summary = train(config, graph=load_typed_dataset(path) if args.typed else load_dataset(path), options=options)
     epochs_ = summary["epochs"]
     curve = [(e.get("val_mrr"), e.get("test_mrr")) for e in epochs_]
     return {"seed": seed, "test_mrr": summary["test_mrr"], "val_mrr": summary["val_mrr"],
@@ -127,7 +132,7 @@ def main(argv=None) -> int:
         if field not in CASTS:
             sys.exit(f"--base entry {item!r}: FIELD one of {', '.join(CASTS)}")
         base[field] = CASTS[field](value)
-    grid = {name: setting(name, base) for name in args.grid.split(",")}
+    grid = {name: setting(name, base, args.typed) for name in args.grid.split(",")}
     seeds = [int(s) for s in args.seeds.split(",")]
     root = Path(args.datasets_root)
     results: dict = {"base": base, "seeds": seeds, "epochs": args.epochs, "threads": args.threads,

@@ -33,12 +33,14 @@ from neutronorch.train.typed_tables import TypedTables, plan_tables
 @dataclass
 class TypedOptions:
     """A typed run's model settings beyond ``TrainConfig``'s: per-relation ``fanouts`` (``typed_fanouts``)
-    instead of ``config.fanouts``, R-GCN's ``num_bases`` (basis decomposition), and ``embed_dim``, the
-    featureless types' table width for sage and rgat (default ``hidden``)."""
+    instead of ``config.fanouts``, R-GCN's ``num_bases`` (basis decomposition), ``embed_dim``, the
+    featureless types' table width for sage and rgat (default ``hidden``), and ``table_lr``, the tables'
+    learning rate (default ``config.lr``)."""
 
     fanouts: object = None
     num_bases: int | None = None
     embed_dim: int | None = None
+    table_lr: float | None = None
 
 
 def check_own_model_config(config: TrainConfig) -> None:
@@ -100,13 +102,17 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     adam = Adam(optimizer_groups(model, config.lr, dense), lr=config.lr, weight_decay=config.weight_decay) \
         if dense else None
     embeddings = model.embedding_parameters()
+    table_lr = config.lr if options.table_lr is None else options.table_lr
+    if not (isinstance(table_lr, (int, float)) and 0 < table_lr < float("inf")):
+        raise ConfigError(f"`TypedOptions.table_lr` {table_lr!r}: the embedding tables' learning rate must be a "
+                          f"positive number (or None: the run's `lr`).")
     # The tables' optimizer: RowAdam for float32 CPU tables, else SparseAdam (the same update as sparse-tensor
     # ops; a torch.optim.Optimizer, whose import of torch._dynamo takes seconds: made only when needed).
     sparse = None
     if embeddings and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in embeddings):
-        sparse = RowAdam(embeddings, lr=config.lr, moments=tables.moments)  # None for tables in memory
+        sparse = RowAdam(embeddings, lr=table_lr, moments=tables.moments)  # None for tables in memory
     elif embeddings:
-        sparse = torch.optim.SparseAdam(embeddings, lr=config.lr)
+        sparse = torch.optim.SparseAdam(embeddings, lr=table_lr)
     parameters = {"dense": sum(p.numel() for p in dense), "embedding": sum(p.numel() for p in embeddings)}
     parts = TypedParts(sampler, eval_sampler, adam, sparse, tables if user_model is None else None,
                        parameters)
