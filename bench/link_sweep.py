@@ -27,6 +27,12 @@ model of ``--models`` (default sage,rgcn), a column ``GRAPH MODEL`` each:
 
     python bench/link_sweep.py --typed --datasets DIR:3 --link-relation writes --grid defaults,lr=0.003 \
         --base hidden=256,dropout=0.3,lr=0.001 --out bench/out/typed-link-sweep.json
+
+There ``table_lr=F`` sets the featureless types' embedding tables' learning rate to F times the run's lr
+(``TypedOptions.table_lr``); ``weight_decay=WD`` (any graph) Adam's weight decay of the dense weights (the
+tables have none). ``--tables A.json,B.json`` prints the tables of earlier ``--out`` files together (two
+sweeps run side by side, one a core), running nothing; a table of validation MRR per seed (best, its epoch,
+and the last) shows runs that peak early and fall.
 """
 from __future__ import annotations
 
@@ -80,6 +86,8 @@ def parse_args(argv=None):
     p.add_argument("--typed", action="store_true", help="--datasets names typed dataset folders (module docstring)")
     p.add_argument("--models", default=None, help="comma-separated models (default: sage; --typed: sage,rgcn)")
     p.add_argument("--link-relation", default=None, help="--typed: the relation whose edges are predicted")
+    p.add_argument("--tables", default=None, metavar="JSON[,JSON...]",
+                   help="run nothing: print the tables of earlier --out files, merged (settings in their order)")
     return p.parse_args(argv)
 
 
@@ -126,6 +134,8 @@ def run_one(path: str, fields: dict, seed: int, epochs: int, args, model: str = 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.tables:
+        return print_saved(args.tables.split(","))
     base = setting("base", BASE)
     for item in args.base.split(","):
         field, _, value = item.partition("=")
@@ -170,11 +180,32 @@ def main(argv=None) -> int:
                 out = Path(args.out)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(json.dumps(results, indent=1) + "\n")
-    print_table(results, [g[0] for g in graphs], list(grid))
-    print_runs(results, [g[0] for g in graphs], list(grid))
-    for label in grid:
-        print_epochs(results, [g[0] for g in graphs], label)
+    print_all(results, [g[0] for g in graphs], list(grid))
     return 0
+
+
+def print_saved(paths: list[str]) -> int:
+    """The tables of earlier runs' JSON files (``--out``), their runs merged: graphs and settings in the order
+    the files first name them."""
+    merged: dict = {"runs": {}}
+    for path in paths:
+        saved = json.loads(Path(path).read_text())
+        if merged["runs"] and saved["seeds"] != merged["seeds"]:
+            sys.exit(f"--tables: {path} ran seeds {saved['seeds']}, an earlier file {merged['seeds']}")
+        merged["seeds"] = saved["seeds"]
+        merged["runs"].update(saved["runs"])
+    names = list(dict.fromkeys(cell["graph"] for cell in merged["runs"].values()))
+    labels = list(dict.fromkeys(cell["setting"] for cell in merged["runs"].values()))
+    print_all(merged, names, labels)
+    return 0
+
+
+def print_all(results: dict, names: list[str], labels: list[str]) -> None:
+    print_table(results, names, labels)
+    print_runs(results, names, labels)
+    print_validation(results, names, labels)
+    for label in labels:
+        print_epochs(results, names, label)
 
 
 def print_runs(results: dict, names: list[str], labels: list[str]) -> None:
@@ -187,6 +218,20 @@ def print_runs(results: dict, names: list[str], labels: list[str]) -> None:
         cells = [results["runs"].get(f"{name}|{label}") for name in names]
         text = ["—" if c is None else ", ".join(f"{100 * r['test_mrr']:.2f} ({r['best_epoch']})" for r in c["runs"])
                 for c in cells]
+        print(f"| {label} | {' | '.join(text)} |")
+
+
+def print_validation(results: dict, names: list[str], labels: list[str]) -> None:
+    """Whether validation peaks early and falls: per seed, the best validation MRR (its epoch), the last one,
+    and the first and last epoch's training loss."""
+    print("\nValidation MRR per seed: best (epoch) -> last; training loss first -> last\n")
+    print(f"| setting | {' | '.join(names)} |")
+    print("|---|" + "---|" * len(names))
+    for label in labels:
+        cells = [results["runs"].get(f"{name}|{label}") for name in names]
+        text = ["—" if c is None else "; ".join(
+            f"{100 * r['val_mrr']:.2f} ({r['best_epoch']}) -> {100 * r['curve'][-1][0]:.2f}, "
+            f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}" for r in c["runs"]) for c in cells]
         print(f"| {label} | {' | '.join(text)} |")
 
 
