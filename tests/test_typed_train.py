@@ -285,3 +285,17 @@ def test_the_mode_line_names_the_fanouts_the_run_samples_with(mag, caplog):
     with caplog.at_level("INFO", logger="neutronorch"):
         train(config(epochs=1, fanouts=[3, 3], eval_every=-1), graph=mag)
     assert any(r.getMessage().startswith("mode ") and "fanouts [3, 3]," in r.getMessage() for r in caplog.records)
+
+
+def test_the_tables_learn_at_typed_options_table_lr_else_at_lr(mag, tmp_path):
+    from neutronorch.train.heterogeneous import TypedOptions
+
+    for given, expected in ((None, 0.01), (0.25, 0.25)):
+        folder = tmp_path / str(given)
+        train(config(epochs=1, eval_every=-1, checkpoint_dir=str(folder)), graph=mag,
+              options=TypedOptions(table_lr=given))
+        state = torch.load(folder / "last.pt", weights_only=False)
+        assert state["tables_optimizer"]["state"]["lr"] == expected
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ConfigError, match=r"`TypedOptions.table_lr` .*: the embedding tables' learning rate"):
+            train(config(epochs=1, eval_every=-1), graph=mag, options=TypedOptions(table_lr=bad))
