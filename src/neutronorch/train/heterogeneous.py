@@ -119,6 +119,11 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     return Built(graph, model, [o for o in (adam, sparse) if o is not None], warnings, dense, embeddings, parts)
 
 
+def saved_lr(state: dict) -> float:
+    """The learning rate in the state of the tables' optimizer: RowAdam's, or SparseAdam's (one group)."""
+    return float(state["lr"] if "lr" in state else state["param_groups"][0]["lr"])
+
+
 @dataclass
 class TypedParts:
     """What a typed graph's run holds besides a homogeneous one's parts (``run.py``'s ``Run.typed``)."""
@@ -129,6 +134,11 @@ class TypedParts:
     sparse: object  # the embedding tables' (RowAdam or SparseAdam), or None without tables
     tables: TypedTables | None  # where the tables live (train/typed_tables.py), memory-mapped ones' moments too
     parameters: dict  # {"dense": ..., "embedding": ...} counts
+
+    @property
+    def table_lr(self) -> float | None:
+        """The tables' learning rate, as their optimizer holds it."""
+        return None if self.sparse is None else saved_lr(self.sparse.state_dict())
 
     def evaluate(self, run, check, progress=None) -> dict[str, float]:
         """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each), from
@@ -164,9 +174,11 @@ class TypedParts:
         if (tables and tables.get("class")) != sparse:
             differ.append(f"the embedding tables' optimizer {tables and tables.get('class')} then (RowAdam for CPU "
                           f"tables, SparseAdam elsewhere), {sparse} now: resume on the device the run started on")
+        elif tables and saved_lr(tables["state"]) != self.table_lr:
+            differ.append(f"the embedding tables' learning rate {saved_lr(tables['state'])} then, {self.table_lr} now")
         if differ:
             raise CheckpointError(f"{source}: the run it continues trained otherwise: {'; '.join(differ)}. Resume "
-                                  f"with the same `fanouts`, `num_bases` and `embed_dim` (`TypedOptions`) "
+                                  f"with the same `fanouts`, `num_bases`, `embed_dim` and `table_lr` (`TypedOptions`) "
                                   f"and device, or start a new run in another `checkpoint_dir`.")
 
     def summary(self, run) -> dict:
@@ -177,6 +189,6 @@ class TypedParts:
             "model": {"kind": run.model.kind, "typed": True, "parameters": self.parameters,
                       "arguments": run.model.arguments},
             "fanouts": {relation_label(r): f for r, f in self.sampler.fanouts.items()},
-            "embedding_tables": None if self.tables is None else self.tables.summary(),
+            "embedding_tables": None if self.tables is None else {**self.tables.summary(), "lr": self.table_lr},
             "threads": {"train": run.threads.train, "sampler": run.threads.sampler},
         }
