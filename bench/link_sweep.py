@@ -186,14 +186,22 @@ def main(argv=None) -> int:
 
 def print_saved(paths: list[str]) -> int:
     """The tables of earlier runs' JSON files (``--out``), their runs merged: graphs and settings in the order
-    the files first name them."""
-    merged: dict = {"runs": {}}
+    the files first name them; one graph and setting's runs of other seeds in several files (sweeps run side by
+    side, a seed each) go into one cell."""
+    merged: dict = {"runs": {}, "seeds": []}
     for path in paths:
         saved = json.loads(Path(path).read_text())
-        if merged["runs"] and saved["seeds"] != merged["seeds"]:
-            sys.exit(f"--tables: {path} ran seeds {saved['seeds']}, an earlier file {merged['seeds']}")
-        merged["seeds"] = saved["seeds"]
-        merged["runs"].update(saved["runs"])
+        merged["seeds"] += [seed for seed in saved["seeds"] if seed not in merged["seeds"]]
+        for key, cell in saved["runs"].items():
+            if key not in merged["runs"]:
+                merged["runs"][key] = dict(cell, runs=[])
+            elif merged["runs"][key]["epochs"] != cell["epochs"]:
+                sys.exit(f"--tables: {path} ran {key} for {cell['epochs']} epochs, an earlier file for "
+                         f"{merged['runs'][key]['epochs']}")
+            merged["runs"][key]["runs"] += cell["runs"]
+    for cell in merged["runs"].values():
+        cell["runs"].sort(key=lambda run: merged["seeds"].index(run["seed"]))
+        cell["median"] = statistics.median(run["test_mrr"] for run in cell["runs"])
     names = list(dict.fromkeys(cell["graph"] for cell in merged["runs"].values()))
     labels = list(dict.fromkeys(cell["setting"] for cell in merged["runs"].values()))
     print_all(merged, names, labels)
