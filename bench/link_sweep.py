@@ -27,6 +27,12 @@ model of ``--models`` (default sage,rgcn), a column ``GRAPH MODEL`` each:
 
     python bench/link_sweep.py --typed --datasets DIR:3 --link-relation writes --grid defaults,lr=0.003 \
         --base hidden=256,dropout=0.3,lr=0.001 --out bench/out/typed-link-sweep.json
+
+There ``table_lr=F`` sets the featureless types' embedding tables' learning rate to F times the run's lr
+(``TypedOptions.table_lr``); ``weight_decay=WD`` (any graph) Adam's weight decay of the dense weights (the
+tables have none). ``--tables A.json,B.json`` prints the tables of earlier ``--out`` files together (two
+sweeps run side by side, one a core), running nothing; a table of validation MRR per seed (best, its epoch,
+and the last) shows runs that peak early and fall.
 """
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-from neutronorch import TrainConfig, load_dataset, train
+from neutronorch import TrainConfig, TypedOptions, load_dataset, train
 from neutronorch.data import load_typed_dataset
 from neutronorch.config import TASK_DEFAULTS
 
@@ -58,7 +64,8 @@ NODE_DEFAULTS = {"hidden": TrainConfig().hidden, "fanouts": "10,10",  # a node t
                  **{key: TASK_DEFAULTS["node"][key] for key in ("dropout", "lr", "batch_size")}}
 GRID = ("base,hidden=64,hidden=256,dropout=0,dropout=0.5,dropout=0.7,lr=0.001,lr=0.003,lr=0.01,"
         "batch_size=256,batch_size=0,node-defaults")
-CASTS = {"hidden": int, "dropout": float, "lr": float, "batch_size": int, "fanouts": str}
+CASTS = {"hidden": int, "dropout": float, "lr": float, "batch_size": int, "fanouts": str, "weight_decay": float,
+         "table_lr": float}
 
 
 def parse_args(argv=None):
@@ -79,10 +86,12 @@ def parse_args(argv=None):
     p.add_argument("--typed", action="store_true", help="--datasets names typed dataset folders (module docstring)")
     p.add_argument("--models", default=None, help="comma-separated models (default: sage; --typed: sage,rgcn)")
     p.add_argument("--link-relation", default=None, help="--typed: the relation whose edges are predicted")
+    p.add_argument("--tables", default=None, metavar="JSON[,JSON...]",
+                   help="run nothing: print the tables of earlier --out files, merged (settings in their order)")
     return p.parse_args(argv)
 
 
-def setting(name: str, base: dict) -> dict:
+def setting(name: str, base: dict, typed: bool = False) -> dict:
     """The fields of one grid entry."""
     if name == "base":
         return dict(base)
@@ -92,6 +101,8 @@ def setting(name: str, base: dict) -> dict:
         return {"hidden": TrainConfig().hidden, "fanouts": "10,10",
                 **{key: TASK_DEFAULTS["link"][key] for key in ("dropout", "lr", "batch_size")}}
     field, sep, value = name.partition("=")
+    if field == "table_lr" and not typed:
+        sys.exit(f"--grid entry {name!r}: table_lr (the embedding tables' rate, a multiple of lr) needs --typed")
     if not sep or field not in CASTS:
         sys.exit(f"--grid entry {name!r}: give base, node-defaults, defaults or FIELD=VALUE with FIELD one of "
                  f"{', '.join(CASTS)}")
@@ -100,14 +111,16 @@ def setting(name: str, base: dict) -> dict:
 
 def run_one(path: str, fields: dict, seed: int, epochs: int, args, model: str = "sage") -> dict:
     typed = {"link_relation": args.link_relation} if args.typed else {}
+    # table_lr: the typed tables' learning rate as a multiple of lr (TypedOptions.table_lr; unset: the package's)
+    options = TypedOptions(table_lr=fields["table_lr"] * fields["lr"]) if "table_lr" in fields else None
     config = TrainConfig(dataset=path, task="link", model=model, fanouts=fields["fanouts"], hidden=fields["hidden"],
                          dropout=fields["dropout"], lr=fields["lr"], batch_size=fields["batch_size"], epochs=epochs,
-                         weight_decay=0.0, negatives=1, link_head="dot", split="edges:0.85,0.05", seed=seed,
-                         mode="exact", threads=args.threads, sampler_threads=args.sampler_threads, progress=False,
-                         eval_every=1, **typed)
+                         weight_decay=fields.get("weight_decay", 0.0), negatives=1, link_head="dot",
+                         split="edges:0.85,0.05", seed=seed, mode="exact", threads=args.threads,
+                         sampler_threads=args.sampler_threads, progress=False, eval_every=1, **typed)
     t0 = time.perf_counter()
     with contextlib.redirect_stderr(io.StringIO()):
-        summary = train(config, graph=load_typed_dataset(path) if args.typed else load_dataset(path))
+        summary = train(config, graph=load_typed_dataset(path) if args.typed else load_dataset(path), options=options)
     epochs_ = summary["epochs"]
     curve = [(e.get("val_mrr"), e.get("test_mrr")) for e in epochs_]
     return {"seed": seed, "test_mrr": summary["test_mrr"], "val_mrr": summary["val_mrr"],
@@ -121,13 +134,15 @@ def run_one(path: str, fields: dict, seed: int, epochs: int, args, model: str = 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.tables:
+        return print_saved(args.tables.split(","))
     base = setting("base", BASE)
     for item in args.base.split(","):
         field, _, value = item.partition("=")
         if field not in CASTS:
             sys.exit(f"--base entry {item!r}: FIELD one of {', '.join(CASTS)}")
         base[field] = CASTS[field](value)
-    grid = {name: setting(name, base) for name in args.grid.split(",")}
+    grid = {name: setting(name, base, args.typed) for name in args.grid.split(",")}
     seeds = [int(s) for s in args.seeds.split(",")]
     root = Path(args.datasets_root)
     results: dict = {"base": base, "seeds": seeds, "epochs": args.epochs, "threads": args.threads,
@@ -165,11 +180,40 @@ def main(argv=None) -> int:
                 out = Path(args.out)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(json.dumps(results, indent=1) + "\n")
-    print_table(results, [g[0] for g in graphs], list(grid))
-    print_runs(results, [g[0] for g in graphs], list(grid))
-    for label in grid:
-        print_epochs(results, [g[0] for g in graphs], label)
+    print_all(results, [g[0] for g in graphs], list(grid))
     return 0
+
+
+def print_saved(paths: list[str]) -> int:
+    """The tables of earlier runs' JSON files (``--out``), their runs merged: graphs and settings in the order
+    the files first name them; one graph and setting's runs of other seeds in several files (sweeps run side by
+    side, a seed each) go into one cell."""
+    merged: dict = {"runs": {}, "seeds": []}
+    for path in paths:
+        saved = json.loads(Path(path).read_text())
+        merged["seeds"] += [seed for seed in saved["seeds"] if seed not in merged["seeds"]]
+        for key, cell in saved["runs"].items():
+            if key not in merged["runs"]:
+                merged["runs"][key] = dict(cell, runs=[])
+            elif merged["runs"][key]["epochs"] != cell["epochs"]:
+                sys.exit(f"--tables: {path} ran {key} for {cell['epochs']} epochs, an earlier file for "
+                         f"{merged['runs'][key]['epochs']}")
+            merged["runs"][key]["runs"] += cell["runs"]
+    for cell in merged["runs"].values():
+        cell["runs"].sort(key=lambda run: merged["seeds"].index(run["seed"]))
+        cell["median"] = statistics.median(run["test_mrr"] for run in cell["runs"])
+    names = list(dict.fromkeys(cell["graph"] for cell in merged["runs"].values()))
+    labels = list(dict.fromkeys(cell["setting"] for cell in merged["runs"].values()))
+    print_all(merged, names, labels)
+    return 0
+
+
+def print_all(results: dict, names: list[str], labels: list[str]) -> None:
+    print_table(results, names, labels)
+    print_runs(results, names, labels)
+    print_validation(results, names, labels)
+    for label in labels:
+        print_epochs(results, names, label)
 
 
 def print_runs(results: dict, names: list[str], labels: list[str]) -> None:
@@ -182,6 +226,20 @@ def print_runs(results: dict, names: list[str], labels: list[str]) -> None:
         cells = [results["runs"].get(f"{name}|{label}") for name in names]
         text = ["—" if c is None else ", ".join(f"{100 * r['test_mrr']:.2f} ({r['best_epoch']})" for r in c["runs"])
                 for c in cells]
+        print(f"| {label} | {' | '.join(text)} |")
+
+
+def print_validation(results: dict, names: list[str], labels: list[str]) -> None:
+    """Whether validation peaks early and falls: per seed, the best validation MRR (its epoch), the last one,
+    and the first and last epoch's training loss."""
+    print("\nValidation MRR per seed: best (epoch) -> last; training loss first -> last\n")
+    print(f"| setting | {' | '.join(names)} |")
+    print("|---|" + "---|" * len(names))
+    for label in labels:
+        cells = [results["runs"].get(f"{name}|{label}") for name in names]
+        text = ["—" if c is None else "; ".join(
+            f"{100 * r['val_mrr']:.2f} ({r['best_epoch']}) -> {100 * r['curve'][-1][0]:.2f}, "
+            f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}" for r in c["runs"]) for c in cells]
         print(f"| {label} | {' | '.join(text)} |")
 
 

@@ -180,6 +180,19 @@ def test_a_typed_link_run_resumed_at_an_epoch_boundary_ends_as_one_run(mag, tmp_
     assert [e["train_loss"] for e in resumed["epochs"]] == [e["train_loss"] for e in whole["epochs"]]
 
 
+def test_patience_stops_a_typed_link_run_and_its_scores_are_the_best_epochs(mag, tmp_path):
+    """A learning rate too small to change a score: the first evaluation stays the best, the run stops after
+    `patience` evaluations more, and the summary's scores and best.pt are the best epoch's."""
+    from neutronorch.train.checkpoint import load_checkpoint
+
+    summary = train(config(link_relation="writes", epochs=8, lr=1e-12, patience=2, checkpoint_dir=str(tmp_path)),
+                    graph=mag)
+    assert summary["status"] == "stopped_early" and [e["epoch"] for e in summary["epochs"]] == [0, 1, 2]
+    assert summary["best_epoch"] == 0 and load_checkpoint(tmp_path / "best.pt").epoch == 0
+    first = summary["epochs"][0]
+    assert (summary["val_mrr"], summary["test_mrr"]) == (first["val_mrr"], first["test_mrr"])
+
+
 RAW = (("author", "writes", "paper"), ("paper", "cites", "paper"), ("paper", "rev_writes", "author"))
 
 

@@ -17,7 +17,7 @@ from neutronorch import TrainConfig, train
 from neutronorch.data import Graph, synthetic_typed, write_typed
 from neutronorch.data.typed import Relation, TypedGraph
 from neutronorch.data.typed import collapse, type_offsets
-from neutronorch.errors import ConfigError, DataError
+from neutronorch.errors import CheckpointError, ConfigError, DataError
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec, reachable_types
 from neutronorch.orchestration.seeds import epoch_order
 from neutronorch.sampling.neighbor_sampler import batch_key
@@ -285,3 +285,22 @@ def test_the_mode_line_names_the_fanouts_the_run_samples_with(mag, caplog):
     with caplog.at_level("INFO", logger="neutronorch"):
         train(config(epochs=1, fanouts=[3, 3], eval_every=-1), graph=mag)
     assert any(r.getMessage().startswith("mode ") and "fanouts [3, 3]," in r.getMessage() for r in caplog.records)
+
+
+def test_the_tables_learn_at_typed_options_table_lr_else_at_lr(mag, tmp_path):
+    """The summary's tables' rate is their optimizer's: a checkpoint holds it."""
+    from neutronorch.train.heterogeneous import TypedOptions
+
+    for given, expected in ((None, 0.01), (0.25, 0.25)):
+        folder = tmp_path / str(given)
+        summary = train(config(epochs=1, eval_every=-1, checkpoint_dir=str(folder)), graph=mag,
+                        options=TypedOptions(table_lr=given))
+        state = torch.load(folder / "last.pt", weights_only=False)
+        assert state["tables_optimizer"]["state"]["lr"] == summary["embedding_tables"]["lr"] == expected
+    resumed = dict(epochs=2, eval_every=-1, checkpoint_dir=str(tmp_path / "0.25"), resume=True)
+    with pytest.raises(CheckpointError, match="the embedding tables' learning rate 0.25 then, 0.5 now"):
+        train(config(**resumed), graph=mag, options=TypedOptions(table_lr=0.5))
+    assert train(config(**resumed), graph=mag, options=TypedOptions(table_lr=0.25))["embedding_tables"]["lr"] == 0.25
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ConfigError, match=r"`TypedOptions.table_lr` .*: the embedding tables' learning rate"):
+            train(config(epochs=1, eval_every=-1), graph=mag, options=TypedOptions(table_lr=bad))

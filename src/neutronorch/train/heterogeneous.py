@@ -33,12 +33,14 @@ from neutronorch.train.typed_tables import TypedTables, plan_tables
 @dataclass
 class TypedOptions:
     """A typed run's model settings beyond ``TrainConfig``'s: per-relation ``fanouts`` (``typed_fanouts``)
-    instead of ``config.fanouts``, R-GCN's ``num_bases`` (basis decomposition), and ``embed_dim``, the
-    featureless types' table width for sage and rgat (default ``hidden``)."""
+    instead of ``config.fanouts``, R-GCN's ``num_bases`` (basis decomposition), ``embed_dim``, the
+    featureless types' table width for sage and rgat (default ``hidden``), and ``table_lr``, the tables'
+    learning rate (default ``config.lr``)."""
 
     fanouts: object = None
     num_bases: int | None = None
     embed_dim: int | None = None
+    table_lr: float | None = None
 
 
 def check_own_model_config(config: TrainConfig) -> None:
@@ -98,17 +100,26 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     adam = Adam(optimizer_groups(model, config.lr, dense), lr=config.lr, weight_decay=config.weight_decay) \
         if dense else None
     embeddings = model.embedding_parameters()
+    table_lr = config.lr if options.table_lr is None else options.table_lr
+    if not (isinstance(table_lr, (int, float)) and 0 < table_lr < float("inf")):
+        raise ConfigError(f"`TypedOptions.table_lr` {table_lr!r}: the embedding tables' learning rate must be a "
+                          f"positive number (or None: the run's `lr`).")
     # The tables' optimizer: RowAdam for float32 CPU tables, else SparseAdam (the same update as sparse-tensor
     # ops; a torch.optim.Optimizer, whose import of torch._dynamo takes seconds: made only when needed).
     sparse = None
     if embeddings and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in embeddings):
-        sparse = RowAdam(embeddings, lr=config.lr, moments=tables.moments)  # None for tables in memory
+        sparse = RowAdam(embeddings, lr=table_lr, moments=tables.moments)  # None for tables in memory
     elif embeddings:
-        sparse = torch.optim.SparseAdam(embeddings, lr=config.lr)
+        sparse = torch.optim.SparseAdam(embeddings, lr=table_lr)
     parameters = {"dense": sum(p.numel() for p in dense), "embedding": sum(p.numel() for p in embeddings)}
     parts = TypedParts(sampler, eval_sampler, adam, sparse, tables if user_model is None else None,
                        parameters)
     return Built(graph, model, [o for o in (adam, sparse) if o is not None], warnings, dense, embeddings, parts)
+
+
+def saved_lr(state: dict) -> float:
+    """The learning rate in the state of the tables' optimizer: RowAdam's, or SparseAdam's (one group)."""
+    return float(state["lr"] if "lr" in state else state["param_groups"][0]["lr"])
 
 
 @dataclass
@@ -121,6 +132,11 @@ class TypedParts:
     sparse: object  # the embedding tables' (RowAdam or SparseAdam), or None without tables
     tables: TypedTables | None  # where the tables live (train/typed_tables.py), memory-mapped ones' moments too
     parameters: dict  # {"dense": ..., "embedding": ...} counts
+
+    @property
+    def table_lr(self) -> float | None:
+        """The tables' learning rate, as their optimizer holds it."""
+        return None if self.sparse is None else saved_lr(self.sparse.state_dict())
 
     def evaluate(self, run, check, progress=None) -> dict[str, float]:
         """The metric on the validation and test sets (``eval_max_nodes``: a fixed sample of each), from
@@ -156,9 +172,11 @@ class TypedParts:
         if (tables and tables.get("class")) != sparse:
             differ.append(f"the embedding tables' optimizer {tables and tables.get('class')} then (RowAdam for CPU "
                           f"tables, SparseAdam elsewhere), {sparse} now: resume on the device the run started on")
+        elif tables and saved_lr(tables["state"]) != self.table_lr:
+            differ.append(f"the embedding tables' learning rate {saved_lr(tables['state'])} then, {self.table_lr} now")
         if differ:
             raise CheckpointError(f"{source}: the run it continues trained otherwise: {'; '.join(differ)}. Resume "
-                                  f"with the same `fanouts`, `num_bases` and `embed_dim` (`TypedOptions`) "
+                                  f"with the same `fanouts`, `num_bases`, `embed_dim` and `table_lr` (`TypedOptions`) "
                                   f"and device, or start a new run in another `checkpoint_dir`.")
 
     def summary(self, run) -> dict:
@@ -169,6 +187,6 @@ class TypedParts:
             "model": {"kind": run.model.kind, "typed": True, "parameters": self.parameters,
                       "arguments": run.model.arguments},
             "fanouts": {relation_label(r): f for r, f in self.sampler.fanouts.items()},
-            "embedding_tables": None if self.tables is None else self.tables.summary(),
+            "embedding_tables": None if self.tables is None else {**self.tables.summary(), "lr": self.table_lr},
             "threads": {"train": run.threads.train, "sampler": run.threads.sampler},
         }
