@@ -426,3 +426,12 @@ def test_the_plans_say_which_of_an_epoch_s_super_batches_followed_another_ratio(
         stats.account(PlanStats(epoch=3, hot=1, reached=4, appearances=4, hot_appearances=1, saved_edges=0,
                                 ratio=ratio))
     assert stats.planned_apart(3, 0.0) == pytest.approx(0.4) and stats.planned_apart(3, 0.0) is None
+
+
+def test_the_last_line_says_where_auto_ended():
+    epoch = {"hot_ratio": 0.2, "hot_served": 0.3,
+             "hot_ratio_auto": {"next": 0.2, "decision": "confirm", "reason": "..."}}
+    summary = {"epochs": [epoch], "hot": {"reuse_rate": 0.3}, "staleness": {"max_observed": 9, "bound": 15}}
+    assert reuse_summary(summary).endswith("(bound 15); auto's last decision: confirm, r 0.2")
+    fixed = {**summary, "epochs": [{"hot_ratio": 0.2, "hot_served": 0.3}]}
+    assert reuse_summary(fixed).endswith("(bound 15)")

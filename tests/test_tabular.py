@@ -184,6 +184,7 @@ def test_an_edge_table_without_labels_is_a_link_tasks_graph_and_without_features
         assert list(np.load(folder / "node_ids.npy")) == sorted(_world()[0])
         assert NO_LABELS in dataset_info(str(folder))["notes"] and dataset_info(str(folder))["classes"] == 0
     assert FEATURELESS in dataset_info(str(alone))["notes"]
+    assert ": 1 vertex type, 1 relation, " in typed.describe().splitlines()[0]  # singular for one
     # A node task is refused saying why and how to add labels; a link task trains on either.
     assert main(["train", "--dataset", str(featured), "--epochs", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err

@@ -161,6 +161,11 @@ def test_timeline_png_and_raw_spans_of_the_window(tmp_path, graph, mode):
     assert steps == set(range(window))  # the window: the first steps of the second epoch's 7
     assert all(0 <= s["start"] <= s["end"] for s in raw["spans"])
     assert summary["timeline"]["png"] == str(png)
+    assert raw["title"].endswith(f"epoch 1, first {window} steps")
+    # A window longer than the epoch: the title says the steps it drew.
+    longer = tmp_path / "longer.png"
+    train(config(timeline=str(longer), timeline_steps=50, batch_size=32, **extra), graph)
+    assert json.loads(longer.with_suffix(".spans.json").read_text())["title"].endswith("epoch 1, first 7 steps")
 
 
 @pytest.mark.slow

@@ -155,8 +155,9 @@ class TypedGraph(GraphCommon):
         """A few lines for ``neutronorch info``: the types, the relations and the target."""
         splits = "/".join(f"{len(idx):,}" for idx in (self.train_idx, self.val_idx, self.test_idx))
         task = f"{self.num_classes:,} classes, split {splits}" if self.labels is not None else "no labels"
-        lines = [f"{self.name}: {len(self.num_nodes)} vertex types, {len(self.relations)} relations, "
-                 f"{self.num_edges:,} edges; target {self.target} ({task})"]
+        types, relations = len(self.num_nodes), len(self.relations)
+        lines = [f"{self.name}: {types} vertex type{'s' * (types != 1)}, {relations} "
+                 f"relation{'s' * (relations != 1)}, {self.num_edges:,} edges; target {self.target} ({task})"]
         width = max((len(t) for t in self.num_nodes), default=0)
         for node_type, count in self.num_nodes.items():
             dim = self.feature_dim(node_type)

@@ -70,11 +70,14 @@ def reuse_summary(summary: dict) -> str | None:
     if not epochs or "hot" not in summary:
         return None
     used = sum(1 for e in epochs if e.get("hot_served"))
+    last = epochs[-1].get("hot_ratio_auto")  # where --hot-ratio auto ended: its last decision
+    ended = "" if last is None else f"; auto's last decision: {last['decision']}, r {last['next']:.3g}"
     if not used:
-        return "no rows served hot: the run trained as without reuse"
+        return f"no rows served hot: the run trained as without reuse{ended}"
     staleness = summary.get("staleness", {})
     return (f"hot rows served {100 * summary['hot']['reuse_rate']:.1f}% of bottom-layer rows in {used} of "
-            f"{len(epochs)} epochs, staleness max {staleness.get('max_observed')} (bound {staleness.get('bound')})")
+            f"{len(epochs)} epochs, staleness max {staleness.get('max_observed')} (bound {staleness.get('bound')})"
+            f"{ended}")
 
 
 def curves_png(epochs: list[dict], metric: str) -> bytes | None:

@@ -235,7 +235,7 @@ def run_epochs(run: Run) -> dict | None:
                         f"(best {run.best['val']:.4f} at epoch {run.best['epoch']})")
             break
     timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}{' (typed)' * bool(run.typed)}, "
-                                       f"epoch {window.epoch}, first {config.timeline_steps} steps")
+                                       f"epoch {window.epoch}, first {min(config.timeline_steps, mode.num_batches)} steps")
     if config.epochs and not run.last_eval and config.eval_every >= 0:  # eval_every 0: after the last epoch
         run.last_eval = run.evaluate(config.epochs - 1)
         run.best = {**run.last_eval, "epoch": config.epochs - 1}
