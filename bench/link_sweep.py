@@ -256,7 +256,7 @@ def print_epochs(results: dict, names: list[str], label: str) -> None:
     epoch among the first E epochs."""
     cells = {name: results["runs"].get(f"{name}|{label}") for name in names}
     longest = max((c["epochs"] for c in cells.values() if c), default=0)
-    counts = {e for e in (5, 10, 20, 30, 40, 50, 75, 100) if e < longest}
+    counts = {e for e in (2, 3, 5, 10, 20, 30, 40, 50, 75, 100) if e < longest}
     counts = sorted(counts | {c["epochs"] for c in cells.values() if c})  # and each graph's last
     print(f"\n{label}, stopped after E epochs (test MRR at the best validation epoch so far, median over seeds)\n")
     print(f"| graph | {' | '.join(f'E={e}' for e in counts)} |")
