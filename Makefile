@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(VENV)/bin/neutronorch train --epochs 5
 
 test: $(STAMP)
-	@echo "==> the whole test suite, the end-to-end runs included (about 9 minutes on 2 idle cores)"
+	@echo "==> the whole test suite, the end-to-end runs included (about 6 minutes on 2 idle cores)"
 	$(PYTEST)
 
 # The unit suite alone: no end-to-end training runs (tests marked slow).
