@@ -373,35 +373,6 @@ def test_auto_turns_reuse_off_in_a_run_where_it_does_not_pay(monkeypatch, graph)
         assert sum(record["stage_seconds"].get(stage, 0.0) for stage in HOST_WORK) == 0.0
 
 
-def test_an_epoch_at_ratio_0_that_still_served_hot_rows_is_no_baseline():
-    """Super-batches planned ahead at the earlier ratio serve hot rows in the first epoch at r 0: that epoch is
-    neither without hot rows nor at a ratio, so it decides nothing and the baseline is measured again."""
-    tuner = HotRatioTuner(0.2, shared_cores=True)
-    tuner.update(99.0, 0, 0, hot_share=0.2)
-    assert tuner.update(10.0, 0, 0, hot_share=0.2) == 0 and tuner.history[-1]["decision"] == "baseline"
-    # 10.4% hot in plans made at r 0.2, and fast for it: no verdict on reuse from this epoch
-    assert tuner.update(8.0, 0, 0, hot_share=0.104) == 0
-    mixed = tuner.history[-1]
-    assert mixed["decision"] == "mixed" and "a mean 10.4% of the vertices reached were hot" in mixed["reason"]
-    # the clean epoch without hot rows is the bracket's second: 12 s without them, 10 s with them
-    assert tuner.update(12.0, 0, 0, hot_share=0.0) == 0.2 and tuner.history[-1]["decision"] == "confirm"
-    assert decide(tuner, (10.0,), (12.0,)) == pytest.approx(0.4)
-    assert tuner.history[-1]["decision"] == "on" and "12.000 and 12.000 without" in tuner.history[-1]["reason"]
-
-
-def test_an_epoch_at_ratio_0_with_a_few_rows_planned_hot_before_counts_as_one_without():
-    """In a long epoch the super-batches planned ahead at the earlier ratio are a small part of it: under a tenth
-    of the hot share of the epoch before, the epoch counts as one without hot rows."""
-    tuner = HotRatioTuner(0.2, shared_cores=True)
-    tuner.update(99.0, 0, 0, hot_share=0.2)
-    tuner.update(10.0, 0, 0, hot_share=0.2)
-    assert tuner.update(12.0, 0, 0, hot_share=0.019) == 0.2 and tuner.history[-1]["decision"] == "confirm"
-    tuner = HotRatioTuner(0.2, shared_cores=True)
-    tuner.update(99.0, 0, 0, hot_share=0.2)
-    tuner.update(10.0, 0, 0, hot_share=0.2)
-    assert tuner.update(12.0, 0, 0, hot_share=0.021) == 0 and tuner.history[-1]["decision"] == "mixed"
-
-
 def test_an_epoch_planned_in_part_at_the_ratio_before_measures_neither_either_way():
     """The super-batches planned ahead before a change follow the ratio before: at r 0 after a ratio, and at a
     ratio after r 0 (the epoch after a verdict 'on' served a third of the rows hot that its ratio makes)."""

@@ -14,7 +14,7 @@ import numpy as np
 from neutronorch.data.files import open_npy
 from neutronorch.errors import ConfigError
 from neutronorch.train.link_predict import PAIR_FORMS, read_pairs
-from neutronorch.train.prediction_io import NODE_SETS, id_lines, is_whole, read_ids
+from neutronorch.train.prediction_io import NODE_SETS, id_lines, is_whole, load_array, read_ids
 
 _SHOWN = 5  # ids not found that an error names
 
@@ -45,7 +45,7 @@ def _nodes(path: Path, node_ids: np.ndarray, table: Path) -> np.ndarray:
                           f"ids (.npy, or text: one a line, or separated by commas or spaces).")
     if path.suffix != ".npy":
         return to_vertices(*read_ids(path, what), node_ids, what, table)
-    ids = _array(path, what)
+    ids = load_array(path, what)
     if ids.ndim != 1:
         raise ConfigError(f"{what}: holds an array of shape {ids.shape}; give a 1-D array of your tables' ids.")
     return to_vertices(ids, None, node_ids, what, table)
@@ -56,7 +56,7 @@ def _pairs(path: Path, node_ids: np.ndarray, table: Path) -> np.ndarray:
     if not path.is_file():
         raise ConfigError(f"{what}: no such file; give {PAIR_FORMS}, of your tables' ids.")
     if path.suffix == ".npy":  # its layout as read_pairs reads an array of vertex numbers
-        array = _array(path, what)
+        array = load_array(path, what)
         return read_pairs(to_vertices(array.ravel(), None, node_ids, what, table, array.shape).reshape(array.shape),
                           source=str(path))
     lines = id_lines(path, what)
@@ -67,13 +67,6 @@ def _pairs(path: Path, node_ids: np.ndarray, table: Path) -> np.ndarray:
     ids = np.asarray([i for _, pair in lines for i in pair], dtype=str)
     at = np.repeat(np.asarray([number for number, _ in lines], dtype=np.int64), 2)
     return read_pairs(to_vertices(ids, at, node_ids, what, table).reshape(-1, 2), layout="rows", source=str(path))
-
-
-def _array(path: Path, what: str) -> np.ndarray:
-    try:
-        return np.load(path, allow_pickle=False)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
-        raise ConfigError(f"{what}: cannot be read as a .npy array ({exc}).") from None
 
 
 def to_vertices(ids: np.ndarray, lines: np.ndarray | None, node_ids: np.ndarray, what: str, table: Path,

@@ -51,10 +51,7 @@ def select_nodes(graph: Graph | TypedGraph, nodes: Nodes, node_type: str | None 
             ids, lines = read_ids(Path(nodes), what)
             ids = whole_numbers(ids, lines, what)
         else:
-            try:
-                ids = np.load(nodes, allow_pickle=False)
-            except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
-                raise ConfigError(f"`nodes` {nodes}: cannot be read as a .npy array ({exc}).") from None
+            ids = load_array(Path(nodes), what)
     else:
         ids, what = ids_in_memory(nodes), "`nodes` (vertex ids given in memory)"
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
@@ -69,6 +66,14 @@ def select_nodes(graph: Graph | TypedGraph, nodes: Nodes, node_type: str | None 
         raise ConfigError(f"{what}: {int(bad.sum()):,} vertex id{'s' if bad.sum() > 1 else ''} out of range, the "
                           f"first {int(ids[first])} (entry {first}); vertex ids must be in 0..{count - 1}{of}.")
     return ids.astype(np.int64)
+
+
+def load_array(path: Path, what: str) -> np.ndarray:
+    """A .npy file of ids (no pickles); one that cannot be read is the user's error, named by ``what``."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
+        raise ConfigError(f"{what}: cannot be read as a .npy array ({exc}).") from None
 
 
 def id_lines(path: Path, what: str) -> list[tuple[int, list[str]]]:

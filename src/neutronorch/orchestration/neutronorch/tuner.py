@@ -23,8 +23,8 @@ class HotRatioTuner:
     FIRST_MARGIN = 0.10
     BRACKET = 4  # epochs that decide whether reuse pays: two with hot rows and two without, alternating
     NOTHING_HOT = 0.001  # an epoch whose mean hot share was below this measured no reuse (the error cap held it)
-    # An epoch at r 0 still serving rows planned hot before counts as one without them while its hot share is
-    # below this part of the last epoch with hot rows' (the lead's few super-batches of a long epoch).
+    # An epoch more than this share of whose super-batches were planned ahead at another ratio measured neither
+    # (below it: the lead's few super-batches of a long epoch).
     MIXED = 0.1
 
     def __init__(self, start: float, shared_cores: bool):
@@ -41,7 +41,6 @@ class HotRatioTuner:
         self._factor = 1.0  # separate processors: the last balance (device / host time, clamped)
         self._warm = False  # an epoch with hot rows ran (the first compiles their path: it decides nothing)
         self._share: float | None = None  # the mean hot share of the epoch being decided on
-        self._hot_share: float | None = None  # ... and of the last epoch with hot rows
         self._best_share: float | None = None  # ... and of the fastest epoch with hot rows
         # The epochs of the bracket under way, as (seconds, ratio, hot share), and why it runs: first, probe, recheck.
         self._bracket: list[tuple[float, float, float | None]] = []
@@ -53,8 +52,8 @@ class HotRatioTuner:
         """Record one epoch at the current ratio; return the next epoch's. ``host_seconds``,
         ``device_seconds``: busy seconds per super-batch; ``cost_seconds``: what the hot rows cost the device
         over the epoch; ``hot_share``: the share of reached vertices made hot (the error cap may keep it below
-        the ratio); ``planned_apart``: the share of its super-batches planned ahead at the ratio before (None:
-        not known, then judged from the hot share at r 0)."""
+        the ratio); ``planned_apart``: the share of its super-batches planned ahead at another ratio (None: not
+        known, taken as none)."""
         entry = {"ratio": round(self.ratio, 4), "epoch_s": round(epoch_seconds, 3),
                  "host_s_per_super_batch": round(host_seconds, 4),
                  "device_s_per_super_batch": round(device_seconds, 4)}
@@ -65,34 +64,24 @@ class HotRatioTuner:
         if self.ratio > 0:
             self._factor = min(2.0, max(0.5, device_seconds / max(host_seconds, 1e-9)))
         capped = hot_share is not None and hot_share < self.NOTHING_HOT and self.ratio > 0
-        # At r 0 yet rows served hot: super-batches planned ahead before r went to 0 (the snapshot's lead).
-        tolerated = max(self.NOTHING_HOT, self.MIXED * (self._hot_share or 0.0))
-        if planned_apart is not None:  # either way: at r 0 after a ratio, or at a ratio after r 0 or another
-            mixed = planned_apart if planned_apart > self.MIXED else None
-        else:
-            mixed = hot_share if hot_share is not None and hot_share >= tolerated and self.ratio == 0 else None
+        # Super-batches planned ahead (the snapshot's lead) at the ratio before: at r 0 after a ratio, or at a ratio
+        # after r 0 or another.
+        mixed = planned_apart if planned_apart is not None and planned_apart > self.MIXED else None
         self._share = hot_share
-        if self.ratio > 0 and hot_share is not None and not capped:
-            self._hot_share = hot_share
-        decision, reason = self._decide(epoch_seconds, device_seconds < host_seconds, capped, mixed,
-                                        planned_apart is not None)
+        decision, reason = self._decide(epoch_seconds, device_seconds < host_seconds, capped, mixed)
         entry.update(next=round(self.ratio, 4), decision=decision, reason=reason)
         self.history.append(entry)
         return self.ratio
 
-    def _decide(self, seconds: float, host_behind: bool, capped: bool, mixed: float | None,
-                by_plans: bool = False) -> tuple[str, str]:
+    def _decide(self, seconds: float, host_behind: bool, capped: bool, mixed: float | None) -> tuple[str, str]:
         ratio, phase = self.ratio, self._phase
         served = ratio > 0 and not capped  # hot rows were used (unknown share: taken as used)
         if phase == "start":
             self._phase, self._warm = "measure", served
             return "warm-up", "the first epoch (compilation, cold caches) decides nothing"
-        if mixed is not None and by_plans:  # planned in part at the ratio before: measured neither
+        if mixed is not None:  # planned in part at the ratio before: measured neither
             return "mixed", (f"{100 * mixed:.0f}% of its super-batches were planned ahead at the ratio before: this "
                              f"epoch measured neither; one more at r {ratio:.3g}")
-        if mixed is not None:  # neither an epoch without hot rows nor one at a ratio: it decides nothing
-            return "mixed", (f"a mean {100 * mixed:.1f}% of the vertices reached were hot, in super-batches planned "
-                             f"before r went to 0: this epoch measured neither; one more without hot rows")
         if capped:  # nothing was hot: an epoch without reuse, whatever the ratio
             self._zero = seconds
             return "capped", "next to nothing was hot (the staleness-error cap): an epoch without reuse"
@@ -206,7 +195,7 @@ class HotRatioTuner:
         return {"ratio": self.ratio, "history": self.history, "direction": self._direction, "step": self._step,
                 "best": self._best, "zero": self._zero, "phase": self._phase, "off": self._off,
                 "factor": self._factor, "warm": self._warm, "best_share": self._best_share,
-                "bracket": [list(b) for b in self._bracket], "kind": self._kind, "hot_share": self._hot_share}
+                "bracket": [list(b) for b in self._bracket], "kind": self._kind}
 
     def load_state_dict(self, state: dict) -> None:
         self.ratio, self.history = state["ratio"], state["history"]
@@ -219,7 +208,6 @@ class HotRatioTuner:
         self._warm, self._best_share = state.get("warm", True), state.get("best_share")
         # Written before decisions took a bracket of epochs: a pending baseline opens one on the best epoch.
         self._bracket, self._kind = [tuple(b) for b in state.get("bracket", [])], state.get("kind", "first")
-        self._hot_share = state.get("hot_share")
         if self._phase in ("baseline", "probe"):
             self._bracket = [(*self._best, self._best_share)] if self._phase == "baseline" else \
                 [(self._zero, 0.0, None)]
