@@ -163,11 +163,11 @@ def test_malformed_pairs_are_refused_saying_what_is_wrong(graph, pairs, message)
 
 @pytest.mark.parametrize("name, text, message", [
     ("empty.txt", "# nothing\n", "holds no pairs"),
-    ("three.txt", "1 2 3\n4 5 6\n", "hold 3 ids each; give two per line"),
-    ("ragged.txt", "1 2\n3 4 5\n", "number of columns changed"),
+    ("three.txt", "1 2 3\n4 5 6\n", "line 1 holds 3 id\\(s\\); give two per line"),
+    ("ragged.txt", "1 2\n3 4 5\n", "line 2 holds 3 id\\(s\\); give two per line"),
     ("words.csv", "src,dst\n1,2\n", "line 1 holds 'src' and no number: a header"),
     ("names.txt", "# pairs\n1 2\nalice bob\n", "line 3 holds 'alice', not a vertex number.*node_ids.npy"),
-    ("floats.txt", "1.5 2\n", "cannot be read as 'u v' or 'u,v' lines"),
+    ("floats.txt", "1.5 2\n", "line 1 holds '1.5', not a vertex number. Vertex numbers are whole"),
     ("binary.txt", b"\xff\xfe\x00\x01", "cannot be read"),
     ("damaged.npy", b"\x93NUMPY garbage", "cannot be read as a .npy array"),
     ("pickled.npy", None, "cannot be read as a .npy array"),

@@ -244,6 +244,40 @@ def test_predict_and_embed_read_your_tables_ids_on_a_renumbered_dataset(tmp_path
     assert not (tmp_path / "x.npy").exists()
 
 
+def test_ids_that_hold_spaces_are_read_a_line_each_or_apart_by_commas_or_tabs(tmp_path, capsys):
+    names, src, dst, classes, x = _world()
+    names = np.array([f"person {name}" for name in names])  # "person v013"
+    (tmp_path / "e.csv").write_text("src,dst\n" + "".join(f"{names[a]},{names[b]}\n" for a, b in zip(src, dst)))
+    (tmp_path / "x.csv").write_text("".join(f"{names[i]}," + ",".join(map(str, x[i])) + "\n" for i in range(N)))
+    (tmp_path / "y.csv").write_text("".join(f"{names[i]},{'abc'[classes[i]]}\n" for i in range(N)))
+    out = tmp_path / "out"
+    assert main(["convert", str(tmp_path / "e.csv"), str(out), "--features", str(tmp_path / "x.csv"), "--labels",
+                 str(tmp_path / "y.csv")]) == 0
+    small = dict(dataset=str(out), fanouts=[5, 5], hidden=8, epochs=1, progress=False, stage_table=False, device="cpu")
+    train(TrainConfig(**small, checkpoint_dir=str(tmp_path / "node")))
+    train(TrainConfig(**small, task="link", eval_negatives=20, checkpoint_dir=str(tmp_path / "link")))
+    asked = ["person v013", "person v002", "person v041"]
+    vertices = np.searchsorted(np.load(out / "node_ids.npy"), asked)
+    assert list(np.load(out / "node_ids.npy")[vertices]) == asked
+    (tmp_path / "nodes.txt").write_text("# mine\nperson v013\n  person v002 ,person v041\n")
+    (tmp_path / "pairs.txt").write_text("person v013,person v002\nperson v041\tperson v013\n")
+    base = ["--dataset", str(out), "--device", "cpu", "--no-progress", "--out"]
+    node, link, graph = tmp_path / "node" / "best.pt", tmp_path / "link" / "best.pt", load_native(out)
+    assert main(["predict", "--checkpoint", str(node), *base, str(tmp_path / "p.npy"), "--nodes",
+                 str(tmp_path / "nodes.txt")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "p.npy"), predict(str(node), graph, vertices))
+    assert main(["predict", "--checkpoint", str(link), *base, str(tmp_path / "s.npy"), "--pairs",
+                 str(tmp_path / "pairs.txt")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "s.npy"),
+                                  score_pairs(str(link), graph, vertices[np.array([[0, 1], [2, 0]])], layout="rows"))
+    (tmp_path / "bad.txt").write_text("person v013 person v002\n")  # two ids apart by a space: one unknown id
+    capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(link), *base, str(tmp_path / "x.npy"), "--pairs",
+                 str(tmp_path / "bad.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "line 1 holds 1 id(s); give two per line, 'u,v' or u and v apart by a tab (your ids hold spaces)" in err
+
+
 def test_whole_number_ids_with_gaps_are_read_as_ids_and_vertex_numbers_are_refused_saying_why(tmp_path, capsys):
     names, src, dst, classes, x = _world()
     big = np.arange(N) * 1000 + 7  # whole numbers, not 0..n-1

@@ -44,7 +44,7 @@ def _nodes(path: Path, node_ids: np.ndarray, table: Path) -> np.ndarray:
         raise ConfigError(f"{what}: no such file; give one of {', '.join(NODE_SETS)}, or a file of your tables' "
                           f"ids (.npy, or text: one a line, or separated by commas or spaces).")
     if path.suffix != ".npy":
-        return to_vertices(*read_ids(path, what), node_ids, what, table)
+        return to_vertices(*read_ids(path, what, spaced(node_ids)), node_ids, what, table)
     ids = load_array(path, what)
     if ids.ndim != 1:
         raise ConfigError(f"{what}: holds an array of shape {ids.shape}; give a 1-D array of your tables' ids.")
@@ -59,14 +59,21 @@ def _pairs(path: Path, node_ids: np.ndarray, table: Path) -> np.ndarray:
         array = load_array(path, what)
         return read_pairs(to_vertices(array.ravel(), None, node_ids, what, table, array.shape).reshape(array.shape),
                           source=str(path))
-    lines = id_lines(path, what)
+    lines = id_lines(path, what, spaced(node_ids))
     if not lines:
         raise ConfigError(f"{what}: holds no pairs; give at least one (u, v) pair to score.")
     if wrong := next(((number, len(ids)) for number, ids in lines if len(ids) != 2), None):
-        raise ConfigError(f"{what}: line {wrong[0]} holds {wrong[1]} id(s); give two per line, 'u v' or 'u,v'.")
+        form = "'u,v' or u and v apart by a tab (your ids hold spaces)" if spaced(node_ids) else "'u v' or 'u,v'"
+        raise ConfigError(f"{what}: line {wrong[0]} holds {wrong[1]} id(s); give two per line, {form}.")
     ids = np.asarray([i for _, pair in lines for i in pair], dtype=str)
     at = np.repeat(np.asarray([number for number, _ in lines], dtype=np.int64), 2)
     return read_pairs(to_vertices(ids, at, node_ids, what, table).reshape(-1, 2), layout="rows", source=str(path))
+
+
+def spaced(node_ids: np.ndarray) -> bool:
+    """Whether some of your tables' ids hold whitespace: then a text file of them separates ids by commas or
+    tabs only, and a line without either is one id."""
+    return node_ids.dtype.kind in "US" and bool(np.char.count(node_ids.astype(str), " ").any())
 
 
 def to_vertices(ids: np.ndarray, lines: np.ndarray | None, node_ids: np.ndarray, what: str, table: Path,

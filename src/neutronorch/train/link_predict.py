@@ -9,7 +9,6 @@ import contextlib
 import functools
 import itertools
 import os
-import warnings
 from pathlib import Path
 from typing import Sequence, Union
 
@@ -32,7 +31,8 @@ from neutronorch.train.evaluate import typed_logits
 from neutronorch.train.health import output_check
 from neutronorch.train.layerwise import LayerProgress, last_layer_rows
 from neutronorch.train.predict import check_request, checkpoint_for
-from neutronorch.train.prediction_io import check_prediction_output, ids_in_memory, scratch_folder, write_rows
+from neutronorch.train.prediction_io import (check_prediction_output, id_lines, ids_in_memory, is_whole, load_array,
+                                             scratch_folder, write_rows)
 
 # What ``pairs`` may be: a file, or the pairs themselves.
 Pairs = Union[str, os.PathLike, np.ndarray, torch.Tensor, Sequence]
@@ -73,55 +73,27 @@ def read_pairs(pairs: Pairs, num_nodes: int | tuple | None = None, layout: str |
 
 
 def _read_file(path: Path) -> np.ndarray:
-    """A .npy file's array, or a text file's lines of ids as a 2-D array: whitespace or commas between the ids
-    of a line, as its first line with ids shows."""
+    """A .npy file's array, or a text file's lines of ids (``id_lines``: whitespace or commas between the ids
+    of a line, ``#`` comments) as a (P, 2) array of vertex numbers."""
     if not path.is_file():
         raise ConfigError(f"`pairs` {path}: {not_a_file(path, 'no such file')}; give {PAIR_FORMS}.")
-    try:
-        if path.suffix == ".npy":
-            return np.load(path, allow_pickle=False)
-        with open(path, encoding="utf-8") as f:
-            first = next((line for line in f if line.strip() and not line.lstrip().startswith("#")), "")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # an empty file: said below, as for any empty input
-            array = np.loadtxt(path, dtype=np.int64, delimiter="," if "," in first else None, comments="#",
-                               ndmin=2, encoding="utf-8")
-    except Exception as exc:  # noqa: BLE001 - unreadable, damaged or malformed files are the same user error
-        named = _first_name(path) if path.suffix != ".npy" else None
-        if named is not None and named[2]:  # the first line names its columns
-            raise ConfigError(f"`pairs` {path}: line {named[0]} holds {named[1]!r} and no number: a header? A "
-                              f"pairs file has none: remove the line, or make it a '#' comment.") from None
-        if named is not None:  # a vertex's name where its number belongs
-            raise ConfigError(f"`pairs` {path}: line {named[0]} holds {named[1]!r}, not a vertex number. A "
-                              f"dataset converted from your tables numbers its vertices 0..n-1 and its "
-                              f"node_ids.npy gives each number's name: np.searchsorted(node_ids, your_names) "
-                              f"gives the numbers (docs/link-prediction.md).") from None
-        reason = str(exc).split("; use `usecols`")[0]  # numpy's advice is about its own arguments
-        kind = "a .npy array" if path.suffix == ".npy" else "'u v' or 'u,v' lines"
-        raise ConfigError(f"`pairs` {path}: cannot be read as {kind} ({type(exc).__name__}: {reason}); "
-                          f"give {PAIR_FORMS}.") from None
-    if array.size and array.shape[1] != 2:
-        raise ConfigError(f"`pairs` {path}: its lines hold {array.shape[1]} ids each; give two per line, "
+    if path.suffix == ".npy":
+        return load_array(path, f"`pairs` {path}")
+    lines = id_lines(path, f"`pairs` {path}")
+    if wrong := next(((number, len(ids)) for number, ids in lines if len(ids) != 2), None):
+        raise ConfigError(f"`pairs` {path}: line {wrong[0]} holds {wrong[1]} id(s); give two per line, "
                           f"'u v' or 'u,v'.")
-    return array
-
-
-def _first_name(path: Path) -> tuple[int, str, bool] | None:
-    """The first line (from 1) of a pairs text file holding a token that is no number, the token, and whether
-    it is the file's first line with tokens and holds no number at all (a header); None where every token is
-    a number (or the file cannot be read)."""
-    first = True
-    try:
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                tokens = line.split("#")[0].replace(",", " ").split()
-                numbers = [is_number(token) for token in tokens]
-                if not all(numbers):
-                    return number, tokens[numbers.index(False)], first and not any(numbers)
-                first = first and not tokens
-    except (OSError, UnicodeDecodeError):
-        return None
-    return None
+    named = next(((number, ids) for number, ids in lines if not all(map(is_whole, ids))), None)
+    if named is not None and named[0] == lines[0][0] and not any(map(is_number, named[1])):
+        raise ConfigError(f"`pairs` {path}: line {named[0]} holds {named[1][0]!r} and no number: a header? A "
+                          f"pairs file has none: remove the line, or make it a '#' comment.")
+    if named is not None:  # a vertex's name (or a number that is none) where its number belongs
+        token = next(i for i in named[1] if not is_whole(i))
+        hint = (" A dataset converted from your tables numbers its vertices 0..n-1 and its node_ids.npy gives each "
+                "number's name: np.searchsorted(node_ids, your_names) gives the numbers (docs/link-prediction.md)."
+                if not is_number(token) else " Vertex numbers are whole numbers from 0.")
+        raise ConfigError(f"`pairs` {path}: line {named[0]} holds {token!r}, not a vertex number.{hint}")
+    return np.asarray([int(i) for _, ids in lines for i in ids], dtype=np.int64).reshape(-1, 2)
 
 
 def _check_range(pairs: np.ndarray, num_nodes, what: str, text: Path | None = None) -> None:

@@ -76,24 +76,32 @@ def load_array(path: Path, what: str) -> np.ndarray:
         raise ConfigError(f"{what}: cannot be read as a .npy array ({exc}).") from None
 
 
-def id_lines(path: Path, what: str) -> list[tuple[int, list[str]]]:
+def id_lines(path: Path, what: str, spaced: bool = False) -> list[tuple[int, list[str]]]:
     """A text file's ids by line: (its number from 1, its ids, separated by commas or whitespace or both),
-    blank lines and ``#`` comments left out."""
+    blank lines and ``#`` comments left out. ``spaced``: the ids may hold spaces (a dataset's own ids do), so
+    only commas and tabs separate them, and a line without either is one id."""
     try:
         with open(path, encoding="utf-8") as text:
-            lines = [(number, line.partition("#")[0].replace(",", " ").split()) for number, line in enumerate(text, 1)]
+            lines = [(number, _fields(line.partition("#")[0], spaced)) for number, line in enumerate(text, 1)]
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{what}: cannot be read as text ({exc}).") from None
     return [(number, ids) for number, ids in lines if ids]
 
 
-def read_ids(path: Path, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """The ids of a text file (``id_lines``: one a line, or several separated by commas or spaces), as text,
-    and the line (from 1) of each; a file without any is refused."""
-    lines = id_lines(path, what)
+def _fields(line: str, spaced: bool) -> list[str]:
+    if not spaced:
+        return line.replace(",", " ").split()
+    return [field for field in (part.strip() for part in line.replace("\t", ",").split(",")) if field]
+
+
+def read_ids(path: Path, what: str, spaced: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of a text file (``id_lines``: one a line, or several separated by commas or spaces; only commas
+    and tabs where ``spaced``), as text, and the line (from 1) of each; a file without any is refused."""
+    lines = id_lines(path, what, spaced)
     ids = np.asarray([i for _, found in lines for i in found], dtype=str)
     if not ids.size:
-        raise ConfigError(f"{what}: holds no ids; give one a line, or several separated by commas or spaces.")
+        apart = "commas or tabs" if spaced else "commas or spaces"
+        raise ConfigError(f"{what}: holds no ids; give one a line, or several separated by {apart}.")
     return ids, np.asarray([number for number, found in lines for _ in found], dtype=np.int64)
 
 
