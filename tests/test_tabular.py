@@ -188,7 +188,7 @@ def test_an_edge_table_without_labels_is_a_link_tasks_graph_and_without_features
     # A node task is refused saying why and how to add labels; a link task trains on either.
     assert main(["train", "--dataset", str(featured), "--epochs", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "edges: has no labels, so a node task has nothing to learn" in err
+    assert "featured: has no labels, so a node task has nothing to learn" in err  # named after OUT_DIR
     assert "convert them again with their labels" in err and "Traceback" not in err
     with pytest.raises(DataError, match="has no labels, so a node task has nothing to learn"):
         train(TrainConfig(dataset=str(alone), epochs=1, progress=False, stage_table=False))
@@ -258,7 +258,7 @@ def test_ids_that_hold_spaces_are_read_a_line_each_or_apart_by_commas_or_tabs(tm
     train(TrainConfig(**small, task="link", eval_negatives=20, checkpoint_dir=str(tmp_path / "link")))
     asked = ["person v013", "person v002", "person v041"]
     vertices = np.searchsorted(np.load(out / "node_ids.npy"), asked)
-    assert list(np.load(out / "node_ids.npy")[vertices]) == asked
+    assert list(np.load(out / "node_ids.npy")[vertices]) == asked and load_native(out).name == "out"  # OUT_DIR's
     (tmp_path / "nodes.txt").write_text("# mine\nperson v013\n  person v002 ,person v041\n")
     (tmp_path / "pairs.txt").write_text("person v013,person v002\nperson v041\tperson v013\n")
     base = ["--dataset", str(out), "--device", "cpu", "--no-progress", "--out"]

@@ -46,7 +46,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     try:
         if tables:
             graph, kept = load_tables(args.source, args.features, args.labels, args.split, args.seed, args.directed,
-                                      args.header, args.name, bar, args.label_column)
+                                      args.header, args.name or Path(args.out_dir).resolve().name, bar,
+                                      args.label_column)
         elif jodie:
             graph = load_jodie(args.source)
         else:
