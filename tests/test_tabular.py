@@ -17,7 +17,7 @@ from neutronorch import TrainConfig, embed, predict, score_pairs, train
 from neutronorch.cli import main
 from neutronorch.cli.info import dataset_info
 from neutronorch.data import load_dataset, load_native, load_tables, load_typed_dataset
-from neutronorch.data.tabular import FEATURELESS, LIKE_IDS, NO_LABELS
+from neutronorch.data.tabular import FEATURELESS, LIKE_IDS, NO_LABELS, only_a_table
 from neutronorch.data.text_tables import from_text
 from neutronorch.errors import ConfigError, DataError
 
@@ -276,6 +276,22 @@ def test_ids_that_hold_spaces_are_read_a_line_each_or_apart_by_commas_or_tabs(tm
                  str(tmp_path / "bad.txt")]) == 2
     err = capsys.readouterr().err
     assert "line 1 holds 1 id(s); give two per line, 'u,v' or u and v apart by a tab (your ids hold spaces)" in err
+
+
+@pytest.mark.parametrize("name, first", [("h.tsv", "src\tdst\n"), ("n.txt", ""), ("h.tsv.gz", "# c\nsrc dst\n")])
+def test_an_edge_list_with_snaps_suffix_and_a_header_or_names_is_your_table(tmp_path, capsys, name, first):
+    names, src, dst, classes, x = _world()
+    ids = names if name.startswith("n") else np.arange(N)
+    text = first + "".join(f"{ids[a]}\t{ids[b]}\n" for a, b in zip(src, dst))
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text.encode())) if name.endswith(".gz") else path.write_text(text)
+    assert main(["train", "--dataset", str(path), "--epochs", "1", "--no-progress"]) == 2
+    assert "a table, not a dataset; make one of your tables with `neutronorch convert" in capsys.readouterr().err
+    assert main(["convert", str(path), str(tmp_path / "out")]) == 0  # an edge table alone: every vertex embedded
+    typed = load_typed_dataset(str(tmp_path / "out"))
+    assert typed.features == {} and typed.num_nodes == {"vertex": N}
+    (tmp_path / "numbers.txt").write_text("# a SNAP list\n\n1 2 0.5\nsrc dst\n")
+    assert not only_a_table(tmp_path / "numbers.txt")  # numbers first: a SNAP edge list, as before
 
 
 def test_whole_number_ids_with_gaps_are_read_as_ids_and_vertex_numbers_are_refused_saying_why(tmp_path, capsys):

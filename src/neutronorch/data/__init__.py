@@ -87,12 +87,12 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
     if name.endswith(".npz"):
         from neutronorch.data.npz import load_npz
         return load_npz(path, split or DEFAULT_SPLIT, seed, split_index)
+    if only_a_table(path):  # before SNAP's suffixes: a .tsv or .txt with a header or names is a table
+        raise DataError(f"{path}: a table, not a dataset; make one of your tables with `neutronorch convert "
+                        f"{path} OUT_DIR [--features F] [--labels L]` (docs/datasets.md, \"Your own tables\").")
     if name.endswith(SNAP_SUFFIXES):
         from neutronorch.data.snap import load_snap
         return load_snap(path, split or DEFAULT_SPLIT, seed)
-    if only_a_table(path):
-        raise DataError(f"{path}: a table, not a dataset; make one of your tables with `neutronorch convert "
-                        f"{path} OUT_DIR [--features F] [--labels L]` (docs/datasets.md, \"Your own tables\").")
     raise DataError(f"{path}: unknown file type. `dataset` takes {DATASET_SPEC_HELP}.")
 
 

@@ -8,8 +8,11 @@ column named (``label_column``), and labels that look like ids are said in the n
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import json
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +21,7 @@ from neutronorch.data.arrays import class_labels
 from neutronorch.data.files import Progress, open_npy, present, read_error, reads_files
 from neutronorch.data.graph import Graph
 from neutronorch.data.splits import DEFAULT_SPLIT, parse_split
-from neutronorch.data.text_tables import TEXT_SUFFIXES, Column, from_text, places
+from neutronorch.data.text_tables import TEXT_SUFFIXES, Column, from_text, is_number, places
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError, DataError
 
@@ -42,8 +45,27 @@ def is_table(path: str | os.PathLike) -> bool:
 
 
 def only_a_table(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a table that is not a dataset alone: it needs the others (``load_tables``)."""
-    return is_table(path) and not Path(path).name.lower().endswith(SNAP_SUFFIXES)
+    """Whether ``path`` is a table that is not a dataset alone: it needs the others (``load_tables``). A file
+    with SNAP's suffixes is a SNAP edge list where its first line (after ``#`` comments and blank lines) is
+    numbers apart by whitespace; one whose first line holds a header or names is your table."""
+    if not is_table(path):
+        return False
+    return not Path(path).name.lower().endswith(SNAP_SUFFIXES) or not _first_line_numbers(Path(path))
+
+
+def _first_line_numbers(path: Path) -> bool:
+    """Whether the first line of ``path`` with anything on it is whitespace-separated numbers (a SNAP edge
+    list's); a file that cannot be read counts as one, for the SNAP reader to say what is wrong with it."""
+    try:
+        with (gzip.open(path, "rt", encoding="utf-8") if path.name.lower().endswith(".gz")
+              else open(path, encoding="utf-8")) as text:
+            for line in itertools.islice(text, 100_000):
+                tokens = line.partition("#")[0].split()
+                if tokens:
+                    return all(map(is_number, tokens))
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error):
+        pass
+    return True
 
 
 @reads_files
