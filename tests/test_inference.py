@@ -108,7 +108,8 @@ def test_inference_outputs_are_checked_before_the_data_is_read(graph, tmp_path, 
     np.testing.assert_array_equal(np.load(tmp_path / "p.npy"), predict(checkpoint, graph, "all"))
     with pytest.raises(ConfigError, match="not a writable folder"):
         prediction_io.check_output_path(tmp_path / "q.npy", str(tmp_path / "missing"))
-    for name in ("p.csv", "p", "p.npy.txt"):  # a .npy array under another name would pass for text or nothing
+    for name in ("p.txt", "p", "p.npy.txt"):  # a .npy array under another name would pass for text or nothing
+        # (the command line writes .csv and .tsv as text tables: test_table_out.py; the Python API only .npy)
         assert main(base + ["--out", str(tmp_path / name)]) == 2
         err = capsys.readouterr().err
         assert "give a path ending in .npy" in err and "Traceback" not in err and not (tmp_path / name).exists()

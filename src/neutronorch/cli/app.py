@@ -211,6 +211,7 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     request fails before a large dataset is read. Returns the checkpoint, the graph, --nodes as predict and
     embed take it (``given_ids``) and the call's options."""
     from neutronorch.cli.ids import given_ids
+    from neutronorch.cli.table_out import TEXT_OUT, is_text_out
     from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, load_checkpoint
     from neutronorch.train.predict import check_asked, check_task
     from neutronorch.train.prediction_io import NODE_SETS, check_output_path
@@ -224,21 +225,25 @@ def _inference(args: argparse.Namespace, pairs: bool | None = None) -> tuple:
     given = getattr(args, "pairs", None)
     reads = {"checkpoint": [args.checkpoint], "dataset": dataset_paths(args.dataset),
              "nodes": [] if args.nodes in (None, *NODE_SETS) else [args.nodes], "pairs": [given] if given else []}
-    check_output_path(args.out, scratch, reads, args.overwrite)
+    check_output_path(args.out, scratch, reads, args.overwrite, TEXT_OUT)
     # Read once, here, so a bad file fails before the data loads (your tables' ids where convert renumbered them).
     nodes, options = given_ids(args)
     checkpoint = load_checkpoint(args.checkpoint, kind=TYPED if typed else HOMOGENEOUS)
     if pairs is not None:
         check_task(checkpoint, pairs)
     graph = (load_typed_dataset if typed else load_dataset)(args.dataset)
-    options.update(device=str(device), out=args.out, scratch=scratch, overwrite=args.overwrite,
+    # A text table is written from the rows in memory, once they are all computed (table_out.py).
+    options.update(device=str(device), out=None if is_text_out(args.out) else args.out, scratch=scratch,
+                   overwrite=args.overwrite,
                    progress=ProgressBar("layer", "vertex") if args.progress else None)
     return checkpoint, graph, nodes, options
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
+    from neutronorch.cli.table_out import is_text_out, write_pair_scores, write_predictions
     from neutronorch.train.link_predict import score_pairs
     from neutronorch.train.predict import predict, prediction_score
+    from neutronorch.train.prediction_io import select_nodes
 
     t0, pairs = time.perf_counter(), args.pairs is not None
     if pairs and args.nodes is not None:
@@ -249,11 +254,15 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     checkpoint, graph, nodes, options = _inference(args, pairs=pairs)
     if pairs:  # a link checkpoint's score of each pair: its logit, or --probabilities
         out = score_pairs(checkpoint, graph, probabilities=args.probabilities, **options)
+        if is_text_out(args.out):
+            write_pair_scores(args.out, args.dataset, options["pairs"], out, args.probabilities)
         what = "probabilities" if args.probabilities else "logits"
         print(f"scored {out.shape[0]:,} pairs of {graph.name} ({what}), wrote them to {args.out} in "
               f"{time.perf_counter() - t0:.1f}s")
         return 0
     out = predict(checkpoint, graph, nodes, args.probabilities, **options)
+    if is_text_out(args.out):
+        write_predictions(args.out, args.dataset, select_nodes(graph, nodes), out, args.probabilities)
     line = f"wrote {out.shape[0]:,} predictions of {graph.name} to {args.out} in {time.perf_counter() - t0:.1f}s"
     if args.nodes in ("test", "val", "train"):
         metric, value = prediction_score(graph, args.nodes, out, args.probabilities)
@@ -263,11 +272,15 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:
+    from neutronorch.cli.table_out import is_text_out, write_embeddings
     from neutronorch.train.predict import embed
+    from neutronorch.train.prediction_io import select_nodes
 
     t0 = time.perf_counter()
     checkpoint, graph, nodes, options = _inference(args)
     out = embed(checkpoint, graph, args.layer, nodes, node_type=args.node_type, **options)
+    if is_text_out(args.out):
+        write_embeddings(args.out, args.dataset, select_nodes(graph, nodes, args.node_type), out)
     which = ("the last hidden layer" if args.layer is None else f"layer {args.layer}") + (
         f", vertex type {args.node_type}" if args.node_type else "")
     print(f"wrote {out.shape[0]:,} x {out.shape[1]} embeddings ({which}) of {graph.name} to {args.out} in "

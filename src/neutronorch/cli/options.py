@@ -304,7 +304,8 @@ def _add_predict_options(pred: argparse.ArgumentParser, full: bool = False) -> N
         "write class probabilities (one float32 row per vertex) instead of classes; with --pairs, each "
         "pair's probability (the sigmoid of its logit)"))}
     _inference_options(pred, full, _add_predict_options, own, None,
-                       "the predictions here (.npy; with --pairs one float32 score per pair)")
+                       "the predictions here (.npy; with --pairs one float32 score per pair; .csv or .tsv: a "
+                       "table of your ids and class names)")
 
 
 def _add_embed_options(emb: argparse.ArgumentParser, full: bool = False) -> None:
@@ -315,7 +316,8 @@ def _add_embed_options(emb: argparse.ArgumentParser, full: bool = False) -> None
            "--node-type": dict(metavar="TYPE", help=(
         "a typed graph: the vertex type whose rows to write (default: the target; one the layer computes)"))}
     _inference_options(emb, full, _add_embed_options, own, "all",
-                       "the embeddings here (.npy, float32, a row per vertex)")
+                       "the embeddings here (.npy, float32, a row per vertex; .csv or .tsv: a table, "
+                       "each row headed by its id)")
 
 
 def _inference_options(parser: argparse.ArgumentParser, full: bool, add_options, own: dict[str, dict],

@@ -171,13 +171,16 @@ def check_prediction_output(out, scratch, checkpoint, graph: Graph | TypedGraph,
 
 
 def check_output_path(out: str | os.PathLike, scratch: str | None = "auto", reads: dict | None = None,
-                      overwrite: bool = False) -> None:
+                      overwrite: bool = False, text: tuple[str, ...] = ()) -> None:
     """Fail before any data is loaded if the output or the scratch folder cannot be written, if the output
-    is one of the inputs in ``reads`` (field -> paths), or if it exists and ``overwrite`` is not given."""
+    is one of the inputs in ``reads`` (field -> paths), or if it exists and ``overwrite`` is not given.
+    ``text``: the suffixes of text tables the caller writes besides a .npy array."""
     check_name_lengths("out", out, temporary=True)
-    if Path(out).suffix.lower() != ".npy":  # the rows are a .npy array whatever the name says
-        raise ConfigError(f"`out` {out}: the rows are written as a .npy array; give a path ending in .npy "
-                          f"({Path(out).with_suffix('.npy')}), so that its name says what it holds.")
+    if Path(out).suffix.lower() not in (".npy", *text):  # the name says what the file holds
+        tables = f", or {' or '.join(text)} for a text table of your ids" if text else ""
+        raise ConfigError(f"`out` {out}: the rows are written as a .npy array{tables}; give a path ending in .npy "
+                          f"({Path(out).with_suffix('.npy')}){tables and ' or one of those'}, so that its name says "
+                          f"what it holds.")
     check_distinct(reads or {}, {"out": [out]})
     check_fresh({"out": [out]}, overwrite)
     check_creatable("out", out)
