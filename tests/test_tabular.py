@@ -294,6 +294,22 @@ def test_an_edge_list_with_snaps_suffix_and_a_header_or_names_is_your_table(tmp_
     assert not only_a_table(tmp_path / "numbers.txt")  # numbers first: a SNAP edge list, as before
 
 
+def test_a_byte_order_mark_that_spreadsheets_write_is_no_part_of_the_first_id_or_header(tmp_path):
+    bom = "\ufeff"
+    edges, x, y = _write_named(tmp_path)
+    for path in (edges, x, y):  # the edges with their header, the features without one, the labels without one
+        path.write_text(bom + path.read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "bare.csv").write_text(bom + edges.read_text(encoding="utf-8-sig").split("\n", 1)[1], encoding="utf-8")
+    graph, kept = load_tables(edges, x, y)
+    assert list(kept["node_ids"]) == sorted(_world()[0]) and any("header src,dst" in note for note in graph.notes)
+    bare, kept_bare = load_tables(tmp_path / "bare.csv", x, y)
+    assert list(kept_bare["node_ids"]) == sorted(_world()[0])  # its first line is an edge, not a header
+    np.testing.assert_array_equal(bare.indices, graph.indices)
+    (tmp_path / "ids.txt").write_text(bom + "v013\n")
+    from neutronorch.train.prediction_io import read_ids
+    assert list(read_ids(tmp_path / "ids.txt", "ids")[0]) == ["v013"]
+
+
 def test_whole_number_ids_with_gaps_are_read_as_ids_and_vertex_numbers_are_refused_saying_why(tmp_path, capsys):
     names, src, dst, classes, x = _world()
     big = np.arange(N) * 1000 + 7  # whole numbers, not 0..n-1

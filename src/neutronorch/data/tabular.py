@@ -57,8 +57,8 @@ def _first_line_numbers(path: Path) -> bool:
     """Whether the first line of ``path`` with anything on it is whitespace-separated numbers (a SNAP edge
     list's); a file that cannot be read counts as one, for the SNAP reader to say what is wrong with it."""
     try:
-        with (gzip.open(path, "rt", encoding="utf-8") if path.name.lower().endswith(".gz")
-              else open(path, encoding="utf-8")) as text:
+        with (gzip.open(path, "rt", encoding="utf-8-sig") if path.name.lower().endswith(".gz")
+              else open(path, encoding="utf-8-sig")) as text:
             for line in itertools.islice(text, 100_000):
                 tokens = line.partition("#")[0].split()
                 if tokens:
@@ -212,7 +212,7 @@ def _from_array(path: Path, role: str, array: np.ndarray) -> Column:
 
 def _from_json(path: Path, role: str) -> Column:
     try:
-        content = json.loads(path.read_text(encoding="utf-8"))
+        content = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, ValueError) as exc:
         raise read_error(path, exc, f"{path}: cannot be read as JSON ({exc}).") from None
     said = f"{role} {path.name} (JSON)"

@@ -80,7 +80,7 @@ def _line_numbers(table: Column, rows: list[int]) -> list[int]:
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     opener = gzip.open if path.name.lower().endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", newline="") as text:
+    with opener(path, "rt", encoding="utf-8-sig", newline="") as text:
         yield from enumerate(text, 1)
 
 
@@ -254,7 +254,7 @@ def _load(path: Path, delimiter: str | None, skip: int, columns: list[int], kind
             with warnings.catch_warnings():  # numpy's word on blank lines, which are allowed
                 warnings.simplefilter("ignore", UserWarning)
                 return np.loadtxt(path, delimiter=delimiter, skiprows=skip, usecols=columns, dtype=dtype, ndmin=2,
-                                  comments="#", quotechar='"', encoding="utf-8")
+                                  comments="#", quotechar='"', encoding="utf-8-sig")
         except ValueError as exc:
             problem = str(exc)
     raise DataError(f"{path}: {_first_bad_line(path, delimiter, skip, columns, kind, width) or problem}")

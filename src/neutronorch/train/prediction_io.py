@@ -81,7 +81,7 @@ def id_lines(path: Path, what: str, spaced: bool = False) -> list[tuple[int, lis
     blank lines and ``#`` comments left out. ``spaced``: the ids may hold spaces (a dataset's own ids do), so
     only commas and tabs separate them, and a line without either is one id."""
     try:
-        with open(path, encoding="utf-8") as text:
+        with open(path, encoding="utf-8-sig") as text:
             lines = [(number, _fields(line.partition("#")[0], spaced)) for number, line in enumerate(text, 1)]
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{what}: cannot be read as text ({exc}).") from None
