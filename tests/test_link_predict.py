@@ -111,6 +111,10 @@ def test_a_bad_id_in_a_pairs_file_names_the_file_and_its_line_and_shows_huge_ids
     with pytest.raises(ConfigError, match=rf"`pairs` {huge}: 1 vertex id out of range of int64 .*pair 2 "
                                           r"\(18446744073709551615, 5\)"):
         read_pairs(huge)
+    (tmp_path / "negative.txt").write_text("0 633\n-1 5\n")  # read before the graph is known: said as negative
+    with pytest.raises(ConfigError, match=r"1 vertex id out of range \(negative: vertex numbers are whole numbers "
+                                          r"from 0\), in line 2 \(-1, 5\)"):
+        read_pairs(tmp_path / "negative.txt")
     with pytest.raises(ConfigError, match=r"`nodes` \(vertex ids given in memory\): 1 vertex id out of range, the "
                                           r"first 18446744073709551615 \(entry 1\)"):
         predict(_node_checkpoint(graph), graph, np.array([3, 2**64 - 1], dtype=np.uint64))
@@ -163,8 +167,8 @@ def test_malformed_pairs_are_refused_saying_what_is_wrong(graph, pairs, message)
 
 @pytest.mark.parametrize("name, text, message", [
     ("empty.txt", "# nothing\n", "holds no pairs"),
-    ("three.txt", "1 2 3\n4 5 6\n", "line 1 holds 3 id\\(s\\); give two per line"),
-    ("ragged.txt", "1 2\n3 4 5\n", "line 2 holds 3 id\\(s\\); give two per line"),
+    ("three.txt", "1 2 3\n4 5 6\n", "line 1 holds 3 ids; give two per line"),
+    ("ragged.txt", "1 2\n3 4 5\n", "line 2 holds 3 ids; give two per line"),
     ("words.csv", "src,dst\n1,2\n", "line 1 holds 'src' and no number: a header"),
     ("names.txt", "# pairs\n1 2\nalice bob\n", "line 3 holds 'alice', not a vertex number.*node_ids.npy"),
     ("floats.txt", "1.5 2\n", "line 1 holds '1.5', not a vertex number. Vertex numbers are whole"),

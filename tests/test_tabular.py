@@ -236,7 +236,7 @@ def test_predict_and_embed_read_your_tables_ids_on_a_renumbered_dataset(tmp_path
             ("--nodes", "bad.txt", node, "bad.txt: 2 ids not among your tables' ids (" + str(out / "node_ids.npy")
              + "), such as 'v999' (line 2), '7' (line 2); give ids as your tables write them."),
             ("--pairs", "numbers.txt", link, "numbers.txt: 2 ids not among your tables' ids"),
-            ("--pairs", "bad.txt", link, "bad.txt: line 1 holds 1 id(s); give two per line")):
+            ("--pairs", "bad.txt", link, "bad.txt: line 1 holds 1 id; give two per line")):
         assert main(["predict", "--checkpoint", str(checkpoint), *base, str(tmp_path / "x.npy"), flag,
                      str(tmp_path / name)]) == 2
         err = capsys.readouterr().err
@@ -259,7 +259,7 @@ def test_ids_that_hold_spaces_are_read_a_line_each_or_apart_by_commas_or_tabs(tm
     asked = ["person v013", "person v002", "person v041"]
     vertices = np.searchsorted(np.load(out / "node_ids.npy"), asked)
     assert list(np.load(out / "node_ids.npy")[vertices]) == asked and load_native(out).name == "out"  # OUT_DIR's
-    (tmp_path / "nodes.txt").write_text("# mine\nperson v013\n  person v002 ,person v041\n")
+    (tmp_path / "nodes.txt").write_text('# mine\nperson v013\n  person v002 ,"person v041"\n')  # quoted too
     (tmp_path / "pairs.txt").write_text("person v013,person v002\nperson v041\tperson v013\n")
     base = ["--dataset", str(out), "--device", "cpu", "--no-progress", "--out"]
     node, link, graph = tmp_path / "node" / "best.pt", tmp_path / "link" / "best.pt", load_native(out)
@@ -275,7 +275,7 @@ def test_ids_that_hold_spaces_are_read_a_line_each_or_apart_by_commas_or_tabs(tm
     assert main(["predict", "--checkpoint", str(link), *base, str(tmp_path / "x.npy"), "--pairs",
                  str(tmp_path / "bad.txt")]) == 2
     err = capsys.readouterr().err
-    assert "line 1 holds 1 id(s); give two per line, 'u,v' or u and v apart by a tab (your ids hold spaces)" in err
+    assert "line 1 holds 1 id; give two per line, 'u,v' or u and v apart by a tab (your ids hold spaces)" in err
 
 
 @pytest.mark.parametrize("name, first", [("h.tsv", "src\tdst\n"), ("n.txt", ""), ("h.tsv.gz", "# c\nsrc dst\n")])

@@ -257,7 +257,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         if is_text_out(args.out):
             write_pair_scores(args.out, args.dataset, options["pairs"], out, args.probabilities)
         what = "probabilities" if args.probabilities else "logits"
-        print(f"scored {out.shape[0]:,} pairs of {graph.name} ({what}), wrote them to {args.out} in "
+        print(f"scored {out.shape[0]:,} pair{'' if out.shape[0] == 1 else 's'} of {graph.name} ({what}), wrote them to {args.out} in "
               f"{time.perf_counter() - t0:.1f}s")
         return 0
     out = predict(checkpoint, graph, nodes, args.probabilities, **options)

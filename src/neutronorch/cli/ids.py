@@ -29,12 +29,12 @@ def given_ids(args: argparse.Namespace) -> tuple[object, dict]:
                                    mmap=False)) if table.is_file() else None
     if node_ids is not None and nodes not in (None, *NODE_SETS):
         nodes = _nodes(Path(nodes), node_ids, table)
-        print(f"read {len(nodes):,} ids of {args.nodes} as your tables' ids (their vertices: {table})")
+        print(f"read {len(nodes):,} id{'' if len(nodes) == 1 else 's'} of {args.nodes} as your tables' ids (their vertices: {table})")
     if pairs is None:
         return nodes, {}
     array = read_pairs(pairs) if node_ids is None else _pairs(Path(pairs), node_ids, table)
     if node_ids is not None:
-        print(f"read {array.shape[1]:,} pairs of {pairs} as your tables' ids (their vertices: {table})")
+        print(f"read {array.shape[1]:,} pair{'' if array.shape[1] == 1 else 's'} of {pairs} as your tables' ids (their vertices: {table})")
     return nodes, {"pairs": array, "layout": "columns", "source": pairs}
 
 
@@ -64,7 +64,7 @@ def _pairs(path: Path, node_ids: np.ndarray, table: Path) -> np.ndarray:
         raise ConfigError(f"{what}: holds no pairs; give at least one (u, v) pair to score.")
     if wrong := next(((number, len(ids)) for number, ids in lines if len(ids) != 2), None):
         form = "'u,v' or u and v apart by a tab (your ids hold spaces)" if spaced(node_ids) else "'u v' or 'u,v'"
-        raise ConfigError(f"{what}: line {wrong[0]} holds {wrong[1]} id(s); give two per line, {form}.")
+        raise ConfigError(f"{what}: line {wrong[0]} holds {wrong[1]} id{'' if wrong[1] == 1 else 's'}; give two per line, {form}.")
     ids = np.asarray([i for _, pair in lines for i in pair], dtype=str)
     at = np.repeat(np.asarray([number for number, _ in lines], dtype=np.int64), 2)
     return read_pairs(to_vertices(ids, at, node_ids, what, table).reshape(-1, 2), layout="rows", source=str(path))

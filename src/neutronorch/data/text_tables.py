@@ -113,7 +113,7 @@ def from_text(path: Path, role: str, header: str, label_column: str | int | None
     width = widths.pop()
     start = first + 1 if named else first
     names = rows[0] if named else None
-    shown = {"\t": "tab", None: "spaces"}.get(delimiter, repr(delimiter))
+    shown = {"\t": "tab", None: "whitespace"}.get(delimiter, repr(delimiter))
     said = f"{role} {path.name} ({shown}-separated, " + (f"header {shown_names(names)}" if named else "no header")
     table = Column(path, None, None, said + ")", "line", start)
     if role in ("edges", "features", "split") and width < 2:

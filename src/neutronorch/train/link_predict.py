@@ -81,7 +81,7 @@ def _read_file(path: Path) -> np.ndarray:
         return load_array(path, f"`pairs` {path}")
     lines = id_lines(path, f"`pairs` {path}")
     if wrong := next(((number, len(ids)) for number, ids in lines if len(ids) != 2), None):
-        raise ConfigError(f"`pairs` {path}: line {wrong[0]} holds {wrong[1]} id(s); give two per line, "
+        raise ConfigError(f"`pairs` {path}: line {wrong[0]} holds {wrong[1]} id{'' if wrong[1] == 1 else 's'}; give two per line, "
                           f"'u v' or 'u,v'.")
     named = next(((number, ids) for number, ids in lines if not all(map(is_whole, ids))), None)
     if named is not None and named[0] == lines[0][0] and not any(map(is_number, named[1])):
@@ -89,8 +89,9 @@ def _read_file(path: Path) -> np.ndarray:
                           f"pairs file has none: remove the line, or make it a '#' comment.")
     if named is not None:  # a vertex's name (or a number that is none) where its number belongs
         token = next(i for i in named[1] if not is_whole(i))
-        hint = (" A dataset converted from your tables numbers its vertices 0..n-1 and its node_ids.npy gives each "
-                "number's name: np.searchsorted(node_ids, your_names) gives the numbers (docs/link-prediction.md)."
+        hint = (" Names are read as your tables' ids only on a dataset `convert` renumbered (it keeps node_ids.npy): "
+                "by the command line there, or in Python as np.searchsorted(node_ids, your_names) "
+                "(docs/link-prediction.md)."
                 if not is_number(token) else " Vertex numbers are whole numbers from 0.")
         raise ConfigError(f"`pairs` {path}: line {named[0]} holds {token!r}, not a vertex number.{hint}")
     return np.asarray([int(i) for _, ids in lines for i in ids], dtype=np.int64).reshape(-1, 2)
@@ -114,6 +115,7 @@ def _check_range(pairs: np.ndarray, num_nodes, what: str, text: Path | None = No
         place = (lambda i: f"line {lines[i]}") if lines is not None else (lambda i: f"pair {i}")  # noqa: E731
         shown = ", ".join(f"{place(i)} ({int(pairs[0, i])}, {int(pairs[1, i])})" for i in where)
         limit = (f"0..{num_nodes - 1} (the dataset has {num_nodes:,} vertices)" if num_nodes < _INT64_LIMIT
+                 else "(negative: vertex numbers are whole numbers from 0)" if (pairs < 0).any()
                  else "of int64 (no graph has such vertices)")
         if ends is not None:  # a typed link's pairs: each end among its own type's vertices
             limit = (f"(a pair's first id is one of the {ends[0][1]:,} {ends[0][0]} vertices, its second one of the "
@@ -127,7 +129,7 @@ def _check_range(pairs: np.ndarray, num_nodes, what: str, text: Path | None = No
 def _data_lines(path: Path, last: int) -> list[int] | None:
     """The line numbers (from 1) of a text file's pairs 0..last (blank and ``#`` lines skipped, as read)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             numbers = (n for n, line in enumerate(f, 1) if line.strip() and not line.lstrip().startswith("#"))
             lines = list(itertools.islice(numbers, last + 1))
     except OSError:

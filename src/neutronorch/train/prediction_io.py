@@ -5,6 +5,7 @@ and the scratch folder of the intermediate layers' rows. It computes no row itse
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Sequence, Union
@@ -88,10 +89,14 @@ def id_lines(path: Path, what: str, spaced: bool = False) -> list[tuple[int, lis
     return [(number, ids) for number, ids in lines if ids]
 
 
+# A field of an id file: quoted (it may then hold the separators, as a table's quoted field does), or a run of
+# what separates no ids: commas and whitespace, or where ids hold spaces commas and tabs.
+_FIELD = {False: re.compile(r'"([^"]*)"|([^,\s"]+)'), True: re.compile(r'"([^"]*)"|([^,\t"]+)')}
+
+
 def _fields(line: str, spaced: bool) -> list[str]:
-    if not spaced:
-        return line.replace(",", " ").split()
-    return [field for field in (part.strip() for part in line.replace("\t", ",").split(",")) if field]
+    found = ((quoted if quoted else bare.strip()) for quoted, bare in _FIELD[spaced].findall(line))
+    return [field for field in found if field]
 
 
 def read_ids(path: Path, what: str, spaced: bool = False) -> tuple[np.ndarray, np.ndarray]:
