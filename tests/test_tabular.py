@@ -157,7 +157,7 @@ def test_convert_from_the_command_line_and_what_it_refuses(tmp_path, capsys):
                                                                 "and no --labels are given"),
             ([str(edges), str(tmp_path / "o2"), "--label-column", "2"], "--label-column '2': picks the labels' column "
                                                                         "of a label table, and none is given"),
-            ([str(out), str(tmp_path / "o2"), "--directed"], "--directed, --header, --label-column and --name read")):
+            ([str(out), str(tmp_path / "o2"), "--directed"], "--directed, --header and --label-column read")):
         assert main(["convert", *argv]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
@@ -388,7 +388,9 @@ def test_a_label_column_with_no_table_to_pick_from_is_refused(tmp_path, capsys):
         load_tables(*paths, label_column=1)
     assert load_tables(*paths, label_column=0)[0].num_classes == 3  # a one-column table's one column
     assert main(["convert", "synthetic:nodes=300", str(tmp_path / "o"), "--label-column", "2"]) == 2
-    assert "--directed, --header, --label-column and --name read your own tables" in capsys.readouterr().err
+    assert "--directed, --header and --label-column read your own tables" in capsys.readouterr().err
+    assert main(["convert", "synthetic:nodes=300", str(tmp_path / "o"), "--name", "small"]) == 0  # any source's name
+    assert load_native(tmp_path / "o").name == "small"
 
 
 def test_labels_that_look_like_ids_are_warned_of_on_the_console_and_in_the_notes(tmp_path, capsys):

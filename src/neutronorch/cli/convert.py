@@ -24,9 +24,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
     jodie = not given and is_table(args.source) and is_jodie(args.source)  # interactions with times
     # Your own tables: an edge table, alone (a link task's graph) or with --features and --labels, each optional.
     tables = given or (not jodie and only_a_table(args.source))
-    if not tables and (args.directed or args.header != "auto" or args.name is not None or args.label_column):
-        raise ConfigError("--directed, --header, --label-column and --name read your own tables: give SOURCE as your "
-                          "edge table (.csv, .json or .npy; a SNAP edge list with --features or --labels).")
+    if not tables and (args.directed or args.header != "auto" or args.label_column):
+        raise ConfigError("--directed, --header and --label-column read your own tables: give SOURCE as your edge "
+                          "table (.csv, .json or .npy, or a .txt or .tsv whose first line is a header or names; a "
+                          "SNAP edge list of numbers with --features or --labels).")
     if tables and args.labels is None and args.seed:
         raise ConfigError(f"--seed {args.seed}: draws the split of the labelled vertices, and no --labels are given, "
                           f"so none is drawn; leave --seed out (train --task link --seed S seeds the edge split), or "
@@ -55,6 +56,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
                      else load_dataset(args.source, args.split, args.seed, progress=bar, times=args.times))
     finally:
         bar.close()
+    if args.name is not None:  # your tables' are named as they are read; any other source's here
+        graph.name = args.name
     if tables or Path(args.source).name.lower().endswith(SNAP_SUFFIXES):  # what was read, and how
         for note in graph.notes:
             print(f"warning: {note}" if note.startswith(LIKE_IDS) else note,

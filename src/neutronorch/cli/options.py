@@ -221,7 +221,7 @@ def _add_convert_options(convert: argparse.ArgumentParser) -> None:
     tables.add_argument("--directed", action="store_true", help="messages only from each edge's first to second id")
     tables.add_argument("--header", choices=HEADERS, default="auto",
                         help="whether the first line is a header (default: auto)")
-    tables.add_argument("--name", help="the dataset's name (default: OUT_DIR's)")
+    tables.add_argument("--name", help="dataset name (default: OUT_DIR's; else SOURCE's)")
     _add_write_options(convert, "OUT_DIR", " (it may be SOURCE itself)")
 
 
