@@ -137,13 +137,28 @@ def test_epochs_the_error_cap_kept_cold_decide_nothing():
     assert tuner.history[-1]["decision"] == "warm-up" and "the first epoch with hot rows" in tuner.history[-1]["reason"]
     for seconds, share in ((9.0, 0.1), (10.0, 0.0), (9.5, 0.12)):
         tuner.update(seconds, 0, 0, hot_share=share)
-    assert tuner.update(10.0, 0, 0, hot_share=0.0) == pytest.approx(0.4)
+    # Reuse pays, but the cap held the hot rows to half the ratio: a higher one would make no more hot.
+    assert tuner.update(10.0, 0, 0, hot_share=0.0) == pytest.approx(0.2)
     assert tuner.history[-1]["decision"] == "on" and tuner.history[-1]["reason"].startswith("reuse pays")
     assert "r 0.2, a mean 10.0% of the vertices reached hot" in tuner.history[-1]["reason"]  # the faster's share
+    assert tuner.history[-1]["reason"].endswith("the staleness-error cap held the hot rows to 10.0% of the vertices "
+                                                "reached, below r 0.2: a higher ratio would make no more rows hot")
     tuner = HotRatioTuner(0.2, shared_cores=True)
     for seconds, share in ((99.0, 0.0), (10.0, 0.0), (30.0, 0.1), (11.5, 0.1), (10.0, 0.0), (11.5, 0.1)):
         tuner.update(seconds, 0, 0, hot_share=share)
     assert tuner.update(10.0, 0, 0, hot_share=0.0) == 0 and tuner.history[-1]["decision"] == "off"
+
+
+def test_the_walk_never_goes_above_a_ratio_whose_hot_rows_the_error_cap_held():
+    tuner = HotRatioTuner(0.2, shared_cores=True)
+    tuner.update(99.0, 0, 0, hot_share=0.2)
+    tuner.update(30.0, 0, 0, hot_share=0.2)  # the hot rows' warm-up
+    for seconds, share in ((9.0, 0.2), (10.0, 0.0), (9.0, 0.2)):
+        tuner.update(seconds, 0, 0, hot_share=share)
+    assert tuner.update(10.0, 0, 0, hot_share=0.0) == pytest.approx(0.4)  # not held at 0.2: the walk doubles r
+    assert tuner.update(8.0, 0, 0, hot_share=0.22) == pytest.approx(0.4)  # faster, but held at 22%: stays
+    assert "held the hot rows to 22.0% of the vertices reached, below r 0.4" in tuner.history[-1]["reason"]
+    assert tuner.update(7.9, 0, 0, hot_share=0.39) == pytest.approx(0.8)  # the cap let go: the walk goes on
 
 
 def test_the_first_epoch_with_hot_rows_is_a_warm_up_even_after_the_first_epoch():
@@ -403,6 +418,11 @@ def test_the_last_line_says_where_auto_ended():
     epoch = {"hot_ratio": 0.2, "hot_served": 0.3,
              "hot_ratio_auto": {"next": 0.2, "decision": "confirm", "reason": "..."}}
     summary = {"epochs": [epoch], "hot": {"reuse_rate": 0.3}, "staleness": {"max_observed": 9, "bound": 15}}
-    assert reuse_summary(summary).endswith("(bound 15); auto's last decision: confirm, r 0.2")
+    assert reuse_summary(summary).endswith("(bound 15); auto: no verdict yet, reuse on while it measures (last "
+                                           "decision: confirm, r 0.2)")
+    off = {"epoch": 6, "hot_ratio": 0.2, "hot_served": 0.3, "hot_ratio_auto": {"next": 0.0, "decision": "off"}}
+    probe = {"epoch": 7, "hot_ratio": 0.0, "hot_served": 0.0, "hot_ratio_auto": {"next": 0.05, "decision": "mixed"}}
+    assert reuse_summary({**summary, "epochs": [epoch, off, probe]}).endswith(
+        "; auto: reuse off by its verdict after epoch 6 (last decision: mixed, r 0.05)")
     fixed = {**summary, "epochs": [{"hot_ratio": 0.2, "hot_served": 0.3}]}
     assert reuse_summary(fixed).endswith("(bound 15)")

@@ -70,14 +70,26 @@ def reuse_summary(summary: dict) -> str | None:
     if not epochs or "hot" not in summary:
         return None
     used = sum(1 for e in epochs if e.get("hot_served"))
-    last = epochs[-1].get("hot_ratio_auto")  # where --hot-ratio auto ended: its last decision
-    ended = "" if last is None else f"; auto's last decision: {last['decision']}, r {last['next']:.3g}"
+    ended = auto_ending(epochs)
     if not used:
         return f"no rows served hot: the run trained as without reuse{ended}"
     staleness = summary.get("staleness", {})
     return (f"hot rows served {100 * summary['hot']['reuse_rate']:.1f}% of bottom-layer rows in {used} of "
             f"{len(epochs)} epochs, staleness max {staleness.get('max_observed')} (bound {staleness.get('bound')})"
             f"{ended}")
+
+
+def auto_ending(epochs: list[dict]) -> str:
+    """Where ``--hot-ratio auto`` ended: reuse on or off by its last verdict (it starts on), and its last decision
+    (a bracket's or a walk's step, or an epoch that measured nothing); empty for a fixed ratio."""
+    last = epochs[-1].get("hot_ratio_auto")
+    if last is None:
+        return ""
+    verdicts = [(e.get("epoch", k), e["hot_ratio_auto"]["decision"]) for k, e in enumerate(epochs)
+                if (e.get("hot_ratio_auto") or {}).get("decision") in ("on", "off")]
+    state = (f"reuse {verdicts[-1][1]} by its verdict after epoch {verdicts[-1][0]}" if verdicts
+             else "no verdict yet, reuse on while it measures")
+    return f"; auto: {state} (last decision: {last['decision']}, r {last['next']:.3g})"
 
 
 def curves_png(epochs: list[dict], metric: str) -> bytes | None:

@@ -26,6 +26,9 @@ class HotRatioTuner:
     # An epoch more than this share of whose super-batches were planned ahead at another ratio measured neither
     # (below it: the lead's few super-batches of a long epoch).
     MIXED = 0.1
+    # An epoch whose mean hot share was below this share of its ratio had its hot set held by the error cap: a
+    # higher ratio would make no more rows hot, so the walk does not go above it.
+    HELD = 0.9
 
     def __init__(self, start: float, shared_cores: bool):
         self.ratio = start
@@ -124,8 +127,8 @@ class HotRatioTuner:
             return self._recheck(seconds, ratio)
         if not improved:  # worse: back to the best ratio, turn round, and take smaller steps
             self._direction, self._step = -self._direction, self._step / 2
-        self._set(self._next_positive(self._best[1]))
-        return "walk", f"fastest so far {self._best[0]:.3f} {self.unit} per epoch at r {self._best[1]:.3g}"
+        held = self._above_cap(ratio, self._share)
+        return "walk", f"fastest so far {self._best[0]:.3f} {self.unit} per epoch at r {self._best[1]:.3g}" + held
 
     def _recheck(self, seconds: float, ratio: float) -> tuple[str, str]:
         """An epoch with hot rows slower than the last without them: it opens a bracket."""
@@ -175,8 +178,18 @@ class HotRatioTuner:
             return "off", f"{verdict}: {measured}"
         self._phase, self._direction, self._step = "on", 1.0, 1.0
         self._best, self._best_share = (fastest, at), share
-        self._set(self._next_positive(at))
-        return "on", f"{verdict}: {measured}"
+        return "on", f"{verdict}: {measured}{self._above_cap(at, share)}"
+
+    def _above_cap(self, ratio: float, share: float | None) -> str:
+        """Set the walk's next ratio from the best one; where the epoch at ``ratio`` had its hot set held by the
+        error cap (its mean hot ``share`` well below the ratio), never above ``ratio``, and say so."""
+        step = self._next_positive(self._best[1])
+        if share is None or share >= self.HELD * ratio or step <= ratio:
+            self._set(step)
+            return ""
+        self._set(ratio)
+        return (f"; the staleness-error cap held the hot rows to {100 * share:.1f}% of the vertices reached, below "
+                f"r {ratio:.3g}: a higher ratio would make no more rows hot")
 
     def _next_positive(self, base: float) -> float:
         if not self.shared_cores:
