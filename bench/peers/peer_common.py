@@ -56,6 +56,16 @@ def cpu_seconds():
 
 
 def peak_rss_mb():
+    """This process's peak RSS: VmHWM where /proc has it, which starts afresh at exec. ru_maxrss (the
+    fallback) keeps the high-water mark of the process image before exec, so a runner started by a parent
+    holding a graph (a launcher, a harness) would report the parent's memory as its own."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
