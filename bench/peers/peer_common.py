@@ -11,8 +11,9 @@ import time
 import numpy as np
 
 
-def parse_args(description, loader, argv=None):
-    """The command line every peer runner shares (``loader``: the peer's data loader, for the help)."""
+def parse_args(description, loader, argv=None, extra=None):
+    """The command line every peer runner shares (``loader``: the peer's data loader, for the help);
+    ``extra(parser)`` adds a runner's own options."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--dataset", required=True, help="native dataset directory (meta.json, indptr.npy, ...)")
     p.add_argument("--model", choices=["sage", "gcn", "gat"], default="sage")
@@ -37,6 +38,8 @@ def parse_args(description, loader, argv=None):
     p.add_argument("--sampler-only", action="store_true",
                    help="only iterate the loader (no gather, no training) and report sampled edges/s")
     p.add_argument("--max-batches", type=int, default=0, help="stop each epoch after this many batches (0: all)")
+    if extra is not None:
+        extra(p)
     args = p.parse_args(argv)
     args.fanouts_list = [int(x) for x in args.fanouts.split(",") if x.strip()]
     if not args.fanouts_list:
