@@ -22,6 +22,7 @@ multi-part tests on localhost do): trainers sample every part, their own include
 """
 import json
 import os
+import resource
 import sys
 import time
 
@@ -53,12 +54,14 @@ def log(msg):
 
 
 def memory_mb():
-    """This process's peak RSS, and its resident memory now: anonymous, shared memory (the KVStore's segments,
-    counted in the server that creates them and in every trainer that touches them) and mapped files."""
+    """This process's CPU seconds (user + system, its whole life), its peak RSS, and its resident memory now:
+    anonymous, shared memory (the KVStore's segments, counted in the server that creates them and in every
+    trainer that touches them) and mapped files."""
     with open("/proc/self/status") as f:
         kb = {k: float(v.split()[0]) for k, v in (line.split(":", 1) for line in f) if v.strip().endswith("kB")}
-    return {"peak_rss_mb": peak_rss_mb(), "anon_mb": kb["RssAnon"] / 1024, "shmem_mb": kb["RssShmem"] / 1024,
-            "file_mb": kb["RssFile"] / 1024}
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"cpu_seconds": usage.ru_utime + usage.ru_stime, "peak_rss_mb": peak_rss_mb(),
+            "anon_mb": kb["RssAnon"] / 1024, "shmem_mb": kb["RssShmem"] / 1024, "file_mb": kb["RssFile"] / 1024}
 
 
 def report(name, record):

@@ -30,7 +30,7 @@ import numpy as np
 from peer_common import parse_args, peak_rss_mb, read_native, write_summary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MEMORY = ("peak_rss_mb", "anon_mb", "shmem_mb", "file_mb")
+MEMORY = ("cpu_seconds", "peak_rss_mb", "anon_mb", "shmem_mb", "file_mb")
 
 
 def extra_options(p):
@@ -282,8 +282,8 @@ def summarise(args, meta, name, n, num_edges, num_classes, load_seconds, method,
         log(f"epoch {e}: {epochs[-1]['seconds']:.2f} s (trainers: "
             + ", ".join(f"{s:.2f}" for s in epochs[-1]["trainer_seconds"]) + ")")
     for p in processes:
-        log(f"{p['role']} {p['part']}: peak RSS {p['peak_rss_mb']:.0f} MB; at its end anonymous "
-            f"{p['anon_mb']:.0f} MB, shared memory {p['shmem_mb']:.0f} MB, files {p['file_mb']:.0f} MB")
+        log(f"{p['role']} {p['part']}: CPU {p['cpu_seconds']:.1f} s, peak RSS {p['peak_rss_mb']:.0f} MB; at its "
+            f"end anonymous {p['anon_mb']:.0f} MB, shared memory {p['shmem_mb']:.0f} MB, files {p['file_mb']:.0f} MB")
     cfg = {k: v for k, v in vars(args).items() if k != "fanouts_list"}
     cfg.update(fanouts=args.fanouts_list, dgl_fanouts=list(reversed(args.fanouts_list)))
     return {
