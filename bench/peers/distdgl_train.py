@@ -15,6 +15,8 @@ Run it with the peers venv (see bench/peers/README.md), never with the project's
 An epoch's time is the slowest trainer's (the trainers step together: DDP all-reduces every step).
 """
 import contextlib
+import ctypes
+import gc
 import json
 import os
 import shutil
@@ -153,6 +155,16 @@ def part_stats(part_config, orig_nids, indptr, src, part_of):
                  "edge_cut": cut, "edge_cut_fraction": cut / max(len(src), 1)}
 
 
+def release_memory():
+    """Hand what partitioning allocated back to the system before the processes start: the launcher then holds
+    about what torch and DGL take, not the graph and DGL's partitioning buffers (glibc keeps freed memory)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def free_ports(count):
     socks = [socket.socket() for _ in range(count)]
     for s in socks:
@@ -238,7 +250,8 @@ def main(args):
         np.save(os.path.join(work_dir, "orig_nids.npy"), orig_nids)
         assignment, stats = part_stats(part_config, orig_nids, indptr, src, part_of)
         num_edges = int(indptr[-1])
-        del indptr, src  # the launcher holds no graph while the processes run
+        del indptr, src
+        release_memory()
         np.save(os.path.join(work_dir, "part_of.npy"), assignment.astype(np.int32))
         log(f"partitioned in {part_seconds:.1f} s: vertices {stats['vertices']}, in-edges {stats['in_edges']}, "
             f"edge cut {stats['edge_cut']} ({100 * stats['edge_cut_fraction']:.2f}%)")
