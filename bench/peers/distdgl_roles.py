@@ -11,7 +11,8 @@ bench/peers/README.md, "DistDGL"):
 
 * Machine of a client. DGL finds it by matching the host's IP addresses against ip_config
   (``rpc_client.get_local_machine_id``); every line of a one-host ip_config matches, so every trainer would
-  take machine 0 and read part 0's local data as its own. Each trainer is told its machine instead.
+  take machine 0, part 0 as its local part, and a DGL rank in the order the trainers connect. Each trainer
+  is told its machine instead.
 * Shared memory. Each KVStore server puts its part's features in shared memory named after the feature
   (``kvstore.empty_shared_mem(name + "-kvdata-", ...)``, opened with O_CREAT, not O_EXCL), and its trainers
   map it. Servers of two parts on one host would open the same segment and overwrite each other's rows.
@@ -71,7 +72,7 @@ def report(name, record):
 
 def one_machine_patches():
     """The two corrections of the module docstring."""
-    prefix = f"nodgl{RUN['run_id']}m{MACHINE}-"
+    prefix = f"{RUN['shm_prefix']}m{MACHINE}-"
     opened = dgl_kvstore.empty_shared_mem
 
     def empty_shared_mem(name, is_create, shape, dtype="float32"):

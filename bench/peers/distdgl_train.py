@@ -17,6 +17,7 @@ An epoch's time is the slowest trainer's (the trainers step together: DDP all-re
 import contextlib
 import ctypes
 import gc
+import glob
 import json
 import os
 import shutil
@@ -219,6 +220,10 @@ def run_processes(args, parts, run, work_dir, part_config, ip_config):
         tails = "".join(f"\n--- {p['log']} (last lines)\n" + "".join(open(p["log"]).readlines()[-15:])
                         for p in procs)
         fail(f"{err}; every process stopped. The processes' logs:{tails}")
+    finally:
+        # DGL unlinks its segments when a process exits normally, not when it is killed.
+        for path in glob.glob(f"/dev/shm/{run['shm_prefix']}m*"):
+            os.unlink(path)
     # Each process's memory, as it measured it at its end (ru_maxrss of a child would include the launcher's).
     return [{"role": p["role"], "part": p["part"], "exit": p["proc"].returncode,
              **{k: v for k, v in read_report(work_dir, f"{p['role']}-{p['part']}").items() if k in MEMORY}}
@@ -258,7 +263,8 @@ def main(args):
         ip_config = os.path.join(work_dir, "ip_config.txt")
         with open(ip_config, "w") as f:
             f.writelines(f"127.0.0.1 {port}\n" for port in free_ports(parts))
-        run = {"run_id": os.getpid(), "threads": args.threads, "dataset": os.path.abspath(args.dataset),
+        run = {"shm_prefix": f"distdgl{os.getpid()}", "threads": args.threads,
+               "dataset": os.path.abspath(args.dataset),
                "part_config": part_config, "graph_name": "graph", "num_classes": num_classes,
                "orig_nids": os.path.join(work_dir, "orig_nids.npy"), "work_dir": work_dir,
                "args": {k: v for k, v in vars(args).items()}}
