@@ -317,6 +317,8 @@ def summarise(args, meta, name, n, num_edges, num_classes, load_seconds, method,
         "trainer_startup_seconds": [t["startup_seconds"] for t in trainers],
         "epochs": epochs,
         "epoch_seconds_median": statistics.median(e["seconds"] for e in epochs) if epochs else None,
+        # Each trainer's sampled edges over its time waiting on DistNodeDataLoader, summed over the trainers.
+        "sampled_edges_per_second": sum(t["sampled_edges_per_second"] or 0.0 for t in trainers),
         "val_acc": trainers[0]["val_acc"], "test_acc": trainers[0]["test_acc"],
         "eval_seconds": trainers[0]["eval_seconds"],
         "processes": processes,
