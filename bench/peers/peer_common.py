@@ -11,8 +11,9 @@ import time
 import numpy as np
 
 
-def parse_args(description, loader, argv=None):
-    """The command line every peer runner shares (``loader``: the peer's data loader, for the help)."""
+def parse_args(description, loader, argv=None, extra=None):
+    """The command line every peer runner shares (``loader``: the peer's data loader, for the help);
+    ``extra(parser)`` adds a runner's own options."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--dataset", required=True, help="native dataset directory (meta.json, indptr.npy, ...)")
     p.add_argument("--model", choices=["sage", "gcn", "gat"], default="sage")
@@ -37,6 +38,8 @@ def parse_args(description, loader, argv=None):
     p.add_argument("--sampler-only", action="store_true",
                    help="only iterate the loader (no gather, no training) and report sampled edges/s")
     p.add_argument("--max-batches", type=int, default=0, help="stop each epoch after this many batches (0: all)")
+    if extra is not None:
+        extra(p)
     args = p.parse_args(argv)
     args.fanouts_list = [int(x) for x in args.fanouts.split(",") if x.strip()]
     if not args.fanouts_list:
@@ -56,6 +59,16 @@ def cpu_seconds():
 
 
 def peak_rss_mb():
+    """This process's peak RSS: VmHWM where /proc has it, which starts afresh at exec. ru_maxrss (the
+    fallback) keeps the high-water mark of the process image before exec, so a runner started by a parent
+    holding a graph (a launcher, a harness) would report the parent's memory as its own."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
