@@ -1,0 +1,42 @@
+"""The exchange of a partitioned run's ranks over ``torch.distributed`` (``sampling.exchange.Exchange``; gloo
+on the CPU): one ``all_to_all_single`` of bytes, after one of their sizes when the receiver does not know them.
+Each collective has the run's ``dist_timeout`` and fails with a message naming what failed."""
+
+from __future__ import annotations
+
+import datetime
+
+import numpy as np
+import torch
+
+from neutronorch.sampling.exchange import Exchange
+from neutronorch.train.distributed import World
+
+
+class GlooExchange(Exchange):
+    """``Exchange`` between the ranks of ``world`` in the gloo ``group`` (default: the world's host group).
+    A thread that exchanges while another thread runs collectives needs a group of its own (``new``)."""
+
+    def __init__(self, world: World, group=None, what: str = "the partitioned exchange"):
+        super().__init__(world.rank, world.size)
+        self.world, self.group, self.what = world, group or world.host_group, what
+
+    @classmethod
+    def new(cls, world: World, what: str) -> "GlooExchange":
+        """An exchange in a gloo group of its own (a collective: every rank calls it at the same point)."""
+        span = datetime.timedelta(seconds=world.timeout)
+        return cls(world, torch.distributed.new_group(backend="gloo", timeout=span), what)
+
+    def _swap(self, chunks: list[np.ndarray], sizes: list[int] | None) -> list[np.ndarray]:
+        world, dist = self.world, torch.distributed
+        sent = [int(chunk.shape[0]) for chunk in chunks]
+        if sizes is None:
+            announced = torch.empty(self.size, dtype=torch.int64)
+            with world._collective(f"{self.what} (sizes)"):
+                dist.all_to_all_single(announced, torch.tensor(sent, dtype=torch.int64), group=self.group)
+            sizes = announced.tolist()
+        out = torch.empty(sum(sizes), dtype=torch.uint8)
+        data = torch.from_numpy(np.concatenate(chunks)) if sum(sent) else torch.empty(0, dtype=torch.uint8)
+        with world._collective(self.what):
+            dist.all_to_all_single(out, data, list(sizes), sent, group=self.group)
+        return np.split(out.numpy(), np.cumsum(sizes)[:-1])
