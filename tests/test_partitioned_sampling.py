@@ -1,7 +1,9 @@
 """Sampling across the parts of a partitioned graph: each rank holds one part, asks the owners of the vertices
 its hops reach to draw their neighbours, and gets exactly the blocks the whole-graph ``NeighborSampler`` gives
-for the same seeds and key (row pointers, local ids and frontiers, bit for bit). The ranks run as threads of
-one process (``ThreadExchange``) and as gloo processes (``torch.distributed``, as ``torchrun`` starts them)."""
+for the same seeds and key (row pointers, local ids and frontiers, bit for bit); then fetches the input
+vertices' feature rows and the seeds' labels from their owners, equal to the whole graph's. The ranks run as
+threads of one process (``ThreadExchange``) and as gloo processes (``torch.distributed``, as ``torchrun`` starts
+them)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from neutronorch.data import load_dataset
 from neutronorch.data.partition import assign, write_partition
 from neutronorch.data.partition_files import load_partition
 from neutronorch.errors import ConfigError
+from neutronorch.orchestration.remote_rows import RemoteRows
 from neutronorch.sampling.exchange import ThreadExchange
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 from neutronorch.sampling.partitioned import PartitionedSampler
@@ -57,14 +60,26 @@ def assert_same(sub, full):
         assert torch.equal(mine, theirs)
 
 
-def sample_all(graph, folder, parts: int, rank: int, exchange, fanouts) -> list:
+def sample_all(graph, folder, parts: int, rank: int, exchange, fanouts, rows: bool = False) -> list:
+    """Rank ``rank``'s batches sampled on its part and on the whole graph; with ``rows``, each batch's input
+    rows and seeds' labels fetched from the owners are checked against the whole graph's."""
     part = load_partition(folder, rank, world_size=parts, verify=False)
     sampler = PartitionedSampler(part, exchange, fanouts)
+    fetcher = RemoteRows(part, exchange)
     full = NeighborSampler(graph.indptr, graph.indices, fanouts)
     pairs = []
     for k, seeds in enumerate(rank_batches(graph, parts, rank)):
         key = batch_key(7, 0, k)
         pairs.append((sampler.sample(seeds, key), full.sample(seeds, key)))
+        if rows:
+            inputs = pairs[-1][0].frontiers[0].numpy()
+            features, labels = fetcher.fetch(inputs, labelled=seeds.shape[0])
+            assert features.dtype == graph.features.dtype and labels.dtype == graph.labels.dtype
+            assert np.array_equal(features, graph.features[inputs])
+            assert np.array_equal(labels, graph.labels[seeds])
+            hidden = np.asarray(part.ids)[:, None] * np.array([[1.5, -2.0, 0.25]])  # any table held by local index
+            got, none = fetcher.fetch(inputs, table=hidden)
+            assert np.array_equal(got, inputs[:, None] * np.array([[1.5, -2.0, 0.25]])) and none.shape[0] == 0
     return pairs, sampler
 
 
@@ -117,6 +132,36 @@ def test_threads_holding_one_part_each_sample_the_whole_graphs_blocks(graph, fol
     assert sum(s.asked for _, s in results) == sum(s.served for _, s in results)
 
 
+@pytest.mark.parametrize("parts", [2, 4])
+def test_threads_fetch_the_whole_graphs_feature_rows_and_labels(graph, folders, parts):
+    results = run_threads(lambda rank, exchange: sample_all(graph, folders["metis", parts], parts, rank, exchange,
+                                                            [4, 3], rows=True), parts)
+    assert all(sampler.exchange.sent_bytes > 0 for _, sampler in results)
+
+
+def test_bfloat16_rows_and_a_part_that_owns_nothing(tmp_path):
+    from neutronorch.data.dtypes import narrowed  # noqa: PLC0415
+    graph = load_dataset("synthetic:nodes=200,degree=4")
+    graph.features = narrowed(graph.features, "bfloat16", "test")
+    part_of = np.zeros(graph.num_nodes, dtype=np.int32)
+    part_of[::2] = 2  # part 1 owns nothing, so its rank only asks
+    write_partition(graph, part_of, 3, tmp_path / "p", "random", 0, "test")
+
+    def rank(r, exchange):
+        pairs, sampler = sample_all(graph, tmp_path / "p", 3, r, exchange, [3, -1])
+        part = sampler.part
+        inputs = np.concatenate([sub.frontiers[0].numpy() for sub, _ in pairs])
+        features, _ = RemoteRows(part, exchange).fetch(inputs)
+        assert np.array_equal(features.view(np.uint16), graph.features[inputs].view(np.uint16))
+        return pairs, sampler
+
+    results = run_threads(rank, 3)
+    for pairs, _ in results:
+        for sub, full in pairs:
+            assert_same(sub, full)
+    assert results[1][1].served == 0 and results[1][1].asked > 0
+
+
 def test_a_part_sampled_by_another_rank_is_refused(folders):
     part = load_partition(folders["random", 2], 0, verify=False)
     with pytest.raises(ConfigError, match="each rank samples the part of its number"):
@@ -165,7 +210,7 @@ def _gloo_rank_samples(rank: int, parts: int, folder: str, directory: str, fanou
         graph = load_dataset(SPEC)
         exchange = GlooExchange(world)
         for fanouts in fanout_sets:
-            pairs, _ = sample_all(graph, folder, parts, rank, exchange, fanouts)
+            pairs, _ = sample_all(graph, folder, parts, rank, exchange, fanouts, rows=True)
             for sub, full in pairs:
                 assert_same(sub, full)
         assert exchange.sent_bytes > 0 and exchange.received_bytes > 0

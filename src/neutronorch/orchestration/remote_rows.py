@@ -1,0 +1,63 @@
+"""Rows of any vertex for a rank holding one part of a partitioned graph (docs/distributed.md, "Partitioned
+training"): the input vertices' feature rows and the seeds' labels of a mini-batch, or the rows of any table
+the parts hold by local index (a layer's outputs in full-neighbour inference), fetched from their owners.
+
+One request and one reply per fetch (``sampling.exchange.Exchange``; every rank takes part, also with nothing
+to ask): each owner gets the ids it owns, in the asker's order, after the number of them whose labels are
+asked (a prefix: the seeds lead a mini-batch's input frontier); it replies with their rows, then those labels,
+as one run of bytes whose size the asker knows."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from neutronorch.sampling.exchange import Exchange
+from neutronorch.sampling.partitioned import by_owner
+
+
+def row_bytes(table: np.ndarray) -> int:
+    return table.dtype.itemsize * int(np.prod(table.shape[1:], dtype=np.int64))
+
+
+def as_bytes(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+class RemoteRows:
+    """Fetches rows of ``part``'s (``data.partition_files.Partition``) graph through ``exchange``."""
+
+    def __init__(self, part, exchange: Exchange):
+        self.part, self.exchange = part, exchange
+        self.fetched = 0  # rows this rank fetched from other ranks
+
+    def fetch(self, ids, labelled: int = 0, table: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(the rows of ``ids`` in ``table``, the labels of ``ids[:labelled]``). ``table``: what every part
+        holds a row of for each of its vertices, by local index (default: the features); each rank passes
+        its own, of one dtype and width on every rank. A collective: every rank calls it at the same time."""
+        part, exchange = self.part, self.exchange
+        table = part.features if table is None else table
+        labels = part.labels
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        order, asks = by_owner(ids, part.part_of, part.parts)
+        owners = np.asarray(part.part_of[ids[:labelled]])
+        wanted = np.bincount(owners, minlength=part.parts) if labelled else np.zeros(part.parts, np.int64)
+        self.fetched += sum(a.shape[0] for k, a in enumerate(asks) if k != part.part)
+        requests = exchange.all_to_all([np.concatenate([[wanted[k]], asks[k]]).astype(np.int64)
+                                        for k in range(part.parts)])
+        replies = []
+        for request in requests:
+            request = request.reshape(-1)
+            rows = part.local(request[1:]) if request.shape[0] > 1 else np.zeros(0, np.int64)
+            replies.append(np.concatenate([as_bytes(table[rows]), as_bytes(labels[rows[:int(request[0])]])]))
+        width, label_width = row_bytes(table), row_bytes(labels)
+        got = exchange.swap_bytes(replies, [a.shape[0] * width + int(m) * label_width for a, m in zip(asks, wanted)])
+        out = np.empty((ids.shape[0], *table.shape[1:]), table.dtype)
+        out_labels = np.empty((labelled, *labels.shape[1:]), labels.dtype)
+        at = 0
+        for k, chunk in enumerate(got):
+            n, m = asks[k].shape[0], int(wanted[k])
+            positions = order[at:at + n]
+            out[positions] = chunk[:n * width].view(table.dtype).reshape((n, *table.shape[1:]))
+            out_labels[positions[:m]] = chunk[n * width:].view(labels.dtype).reshape((m, *labels.shape[1:]))
+            at += n
+        return out, out_labels
