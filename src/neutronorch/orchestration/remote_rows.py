@@ -10,7 +10,10 @@ as one run of bytes whose size the asker knows."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+from neutronorch.bfloat16 import tensor_from_numpy
+from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.sampling.exchange import Exchange
 from neutronorch.sampling.partitioned import by_owner
 
@@ -61,3 +64,30 @@ class RemoteRows:
             out_labels[positions[:m]] = chunk[n * width:].view(labels.dtype).reshape((m, *labels.shape[1:]))
             at += n
         return out, out_labels
+
+
+class PartitionedLoader:
+    """``host_loader.HostLoader``'s counterpart for a rank holding one part (exact mode on the CPU): a
+    mini-batch's input rows (as float32, what the host store gathers for a float32 run) and its seeds' labels
+    (int64, as the store holds them) fetched from their owners in one exchange (``RemoteRows``). ``access``:
+    the run's ``FeatureAccess`` over the part's own rows (what a mode reports)."""
+
+    def __init__(self, access, fetcher: RemoteRows, spans):
+        self.access, self.fetcher, self.spans = access, fetcher, spans
+
+    def load(self, epoch: int, index: int, subgraph, make=None, targets=None):
+        with self.spans.stage("gather", index):
+            seeds = subgraph.seeds.shape[0]
+            rows, labels = self.fetcher.fetch(subgraph.input_nodes.numpy(), labelled=seeds)
+            features = tensor_from_numpy(rows).float()
+            labels = torch.from_numpy(np.asarray(labels, dtype=np.int64)) if targets is None else targets
+            return (make or MiniBatch)(epoch, index, subgraph, features, labels)
+
+    def start(self, model) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def summary(self) -> dict:
+        return {"exchange": self.fetcher.exchange.traffic()}
