@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,51 @@ def test_inference_across_parts_gives_the_whole_graphs_logits(graph, tmp_path, p
 def _positions(nodes: np.ndarray, ids: np.ndarray) -> np.ndarray:
     where = {int(v): i for i, v in enumerate(nodes)}
     return np.array([where[int(v)] for v in ids], dtype=np.int64)
+
+
+class _Item:
+    def release(self) -> None:
+        pass
+
+
+def test_a_close_on_one_rank_before_the_other_leaves_no_producer_waiting_for_exchanges(monkeypatch):
+    """A stop agreed on at step 3 closes the ranks' batches at different times. Their producers, the slower
+    stage here, exchange once a batch: without aligning the close, rank 1's producer begins a batch rank 0's
+    never begins and waits for it until the exchange's timeout."""
+    from neutronorch.orchestration.pipeline import Prefetcher  # noqa: PLC0415
+    from neutronorch.train.partitioned import AlignedBatches, limited  # noqa: PLC0415
+    timeout, depth = 4.0, 2
+    exchanges = ThreadExchange.group(2, timeout=timeout)
+    made, spent, errors = [[], []], [0.0, 0.0], []
+
+    def produce(rank):
+        for i in range(50):
+            exchanges[rank].all_to_all([np.array([i])] * 2)
+            time.sleep(0.02)
+            made[rank].append(i)
+            yield _Item()
+
+    def rank(r):
+        try:
+            limit: dict = {}
+            batches = AlignedBatches(Prefetcher(lambda: limited(produce(r), limit), depth=depth), limit, depth)
+            for _ in range(3):
+                next(batches)
+            time.sleep(0.3 * r)  # rank 1 reaches the close later
+            t0 = time.perf_counter()
+            batches.close()
+            spent[r] = time.perf_counter() - t0
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    assert made[0] == made[1] == list(range(3 + depth + 1))  # the same batches made on both ranks
+    assert max(spent) < timeout / 2, spent  # no producer waited for an exchange its peer never began
 
 
 def test_one_part_in_one_process_trains_as_the_whole_graph(graph, tmp_path):

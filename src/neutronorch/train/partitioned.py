@@ -31,6 +31,7 @@ from neutronorch.observe import Spans, Utilisation
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.factory import Threads
 from neutronorch.orchestration.loading import ExactMode
+from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.remote_rows import PartitionedLoader, RemoteRows
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.exchange import ThreadExchange
@@ -118,6 +119,12 @@ class PartitionedMode(ExactMode):
         super().__init__(*args)
         self.world, self._last = world, {}
 
+    def batches(self, epoch: int, start: int = 0) -> "AlignedBatches":
+        limit: dict = {}
+        produce = lambda: limited(self._produce(epoch, start), limit)  # noqa: E731
+        return AlignedBatches(Prefetcher(produce, depth=self.sampling.prefetch, name=f"{self.name}-producer",
+                                         threads=self.threads.get("sampler")), limit, max(1, self.sampling.prefetch))
+
     def end_epoch(self, record: dict) -> None:
         traffic = self.loader.fetcher.exchange.traffic()
         since = {key: value - self._last.get(key, 0) for key, value in traffic.items()}
@@ -185,3 +192,45 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
         run.sync = GradientSync(world, list(model.parameters()), stop, mode.averaged_gradients)
         run.stop = run.sync.agreed  # every rank stops after the same step
     return run
+
+
+def limited(items, limit: dict):
+    """``items`` until ``limit["count"]`` of them are yielded (no limit while it is unset): the next item is not
+    begun once the limit is reached."""
+    for count, item in enumerate(items, start=1):
+        yield item
+        if count >= limit.get("count", count + 1):
+            return
+
+
+class AlignedBatches:
+    """An epoch's batches whose early close (a stop agreed on at the same step on every rank) leaves every
+    rank's producer having made the same batches. A producer runs ahead by up to ``depth`` batches and may be
+    amid the exchanges of one more, and another rank's producer may be elsewhere: closed there, it would wait
+    for exchanges its peers never begin. So a close first sets every rank's limit to the batches taken plus
+    ``depth`` plus one, the most any producer can have begun, and takes the batches up to it (released
+    unused) before the producer is joined."""
+
+    def __init__(self, prefetcher: Prefetcher, limit: dict, depth: int):
+        self._prefetcher, self._limit, self._depth, self._taken = prefetcher, limit, depth, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = next(self._prefetcher)
+        self._taken += 1
+        return item
+
+    def close(self) -> None:
+        self._limit["count"] = self._taken + self._depth + 1
+        with contextlib.suppress(Exception):  # a producer's failure: it has stopped, nothing to align
+            for item in self._prefetcher:
+                item.release()
+        self._prefetcher.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
