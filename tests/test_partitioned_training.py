@@ -150,6 +150,7 @@ def test_one_part_in_one_process_trains_as_the_whole_graph(graph, tmp_path):
     assert parted["test_acc"] == whole["test_acc"] and parted["val_acc"] == whole["val_acc"]
     assert parted["config"]["partitions"] == str(folder) and parted["dataset"]["nodes"] == graph.num_nodes
     assert parted["epochs"][0]["exchange"][0]["exchanges"] > 0
+    assert parted["exchange"]["evaluation"]["exchanges"] > 0  # one process: its own rows, through the exchange
 
 
 @pytest.mark.parametrize("settings, message", [

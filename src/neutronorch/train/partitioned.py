@@ -115,9 +115,9 @@ class PartitionedMode(ExactMode):
     """Exact mode on one part: ``ExactMode`` with the partitioned sampler and loader; each epoch's record
     holds every rank's bytes exchanged (rank 0 gathers them)."""
 
-    def __init__(self, world: World, *args):
+    def __init__(self, world: World, evaluation_exchange, *args):
         super().__init__(*args)
-        self.world, self._last = world, {}
+        self.world, self.evaluation_exchange, self._last = world, evaluation_exchange, {}
 
     def batches(self, epoch: int, start: int = 0) -> "AlignedBatches":
         limit: dict = {}
@@ -131,6 +131,11 @@ class PartitionedMode(ExactMode):
         self._last = traffic
         record["exchange"] = (self.world.gather_objects(since, "gathering the bytes exchanged")
                               if self.world.distributed else [since])
+
+    def summary(self) -> dict:
+        """This rank's bytes exchanged over the run: by its sampling and rows, and by its evaluations."""
+        return {"exchange": {"training": self.loader.fetcher.exchange.traffic(),
+                             "evaluation": self.evaluation_exchange.traffic()}}
 
     def describe(self) -> str:
         return f"{super().describe()}, partitioned"
@@ -169,7 +174,7 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     placement = Placement("cpu", None, 0, "host", "host", 0, "none", topology, part.features.nbytes, 0)
     access = FeatureAccess(device, FeatureStore(part.features, part.labels), placement, None, None)
     loader = PartitionedLoader(access, RemoteRows(part, sampling_exchange), spans)
-    mode = PartitionedMode(world, NodeSeeds(graph, sampling),
+    mode = PartitionedMode(world, evaluation_exchange, NodeSeeds(graph, sampling),
                            lambda: PartitionedSampler(part, sampling_exchange, sampling.fanouts), loader, sampling,
                            spans, threads.sampler)
     stack.callback(mode.close)
