@@ -187,15 +187,20 @@ def test_a_world_size_other_than_the_part_count_is_refused(graph, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["metis", "random"])
-def test_two_ranks_on_parts_reproduce_the_full_copy_run_bit_for_bit(tmp_path, method):
-    # 301 training vertices in global batches of 2 x 50: the last holds one seed, and rank 1 none of it.
+@pytest.mark.parametrize("method, ranks, model", [
+    ("metis", 2, []), ("random", 2, []),
+    ("random", 4, ["--model", "gat", "--heads", "2", "--norm", "batch", "--residual"]),
+])
+def test_ranks_on_parts_reproduce_the_full_copy_run_bit_for_bit(tmp_path, method, ranks, model):
+    # 301 training vertices in global batches of 2 x 50: the last holds one seed, and rank 1 none of it (with 4
+    # ranks, global batches of 4 x 25: ranks 1 to 3 have none of the last).
     split = "ratio:0.10034,0.05"
     graph = load_dataset(GRAPH, split, 0)
     assert len(graph.train_idx) == 301
-    folder = _partition(graph, tmp_path / "parts", 2, method)
-    args = [*COMMON, "--epochs", "2", "--batch-size", "50", "--dropout", "0.4"]
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
+    folder = _partition(graph, tmp_path / "parts", ranks, method)
+    args = [*COMMON, *model, "--epochs", "2", "--batch-size", str(100 // ranks), "--dropout", "0.4",
+            "--dist-timeout", "60"]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--standalone", "-m",
               "neutronorch", "train", *args]
     runs = {}
     for name, source in (("parts", ["--partitions", str(folder)]), ("full", ["--dataset", GRAPH, "--split", split])):
@@ -209,7 +214,9 @@ def test_two_ranks_on_parts_reproduce_the_full_copy_run_bit_for_bit(tmp_path, me
     assert parted == full  # bit for bit
     for key in ("val_acc", "test_acc", "final_val_acc", "final_test_acc"):
         assert summary[key] == expected[key], key
-    assert summary["distributed"]["world_size"] == 2
+    assert summary["distributed"]["world_size"] == ranks
     traffic = summary["epochs"][0]["exchange"]
-    assert traffic[0]["sent_bytes"] == traffic[1]["received_bytes"] > 0
-    assert traffic[1]["sent_bytes"] == traffic[0]["received_bytes"] > 0
+    assert len(traffic) == ranks and all(t["sent_bytes"] > 0 and t["received_bytes"] > 0 for t in traffic)
+    assert sum(t["sent_bytes"] for t in traffic) == sum(t["received_bytes"] for t in traffic)
+    if ranks == 2:
+        assert traffic[0]["sent_bytes"] == traffic[1]["received_bytes"]
