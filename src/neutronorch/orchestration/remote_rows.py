@@ -22,10 +22,6 @@ def row_bytes(table: np.ndarray) -> int:
     return table.dtype.itemsize * int(np.prod(table.shape[1:], dtype=np.int64))
 
 
-def as_bytes(array: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-
-
 class RemoteRows:
     """Fetches rows of ``part``'s (``data.partition_files.Partition``) graph through ``exchange``."""
 
@@ -47,22 +43,32 @@ class RemoteRows:
         self.fetched += sum(a.shape[0] for k, a in enumerate(asks) if k != part.part)
         requests = exchange.all_to_all([np.concatenate([[wanted[k]], asks[k]]).astype(np.int64)
                                         for k in range(part.parts)])
-        replies = []
-        for request in requests:
-            request = request.reshape(-1)
-            rows = part.local(request[1:]) if request.shape[0] > 1 else np.zeros(0, np.int64)
-            replies.append(np.concatenate([as_bytes(table[rows]), as_bytes(labels[rows[:int(request[0])]])]))
         width, label_width = row_bytes(table), row_bytes(labels)
-        got = exchange.swap_bytes(replies, [a.shape[0] * width + int(m) * label_width for a, m in zip(asks, wanted)])
+        # Each asker's rows, then its labels, gathered straight into one buffer of the reply's bytes.
+        asked = [request.reshape(-1) for request in requests]
+        rows = [part.local(request[1:]) if request.shape[0] > 1 else np.zeros(0, np.int64) for request in asked]
+        counts = [int(request[0]) for request in asked]
+        sizes = [r.shape[0] * width + m * label_width for r, m in zip(rows, counts)]
+        send, at = np.empty(sum(sizes), np.uint8), 0
+        for r, m in zip(rows, counts):
+            np.take(table, r, axis=0, out=send[at:at + r.shape[0] * width].view(table.dtype).reshape(
+                (r.shape[0], *table.shape[1:])))
+            at += r.shape[0] * width
+            np.take(labels, r[:m], axis=0, out=send[at:at + m * label_width].view(labels.dtype).reshape(
+                (m, *labels.shape[1:])))
+            at += m * label_width
+        got, got_sizes = exchange.swap_packed(send, sizes, [a.shape[0] * width + int(m) * label_width
+                                                           for a, m in zip(asks, wanted)])
         out = np.empty((ids.shape[0], *table.shape[1:]), table.dtype)
         out_labels = np.empty((labelled, *labels.shape[1:]), labels.dtype)
-        at = 0
-        for k, chunk in enumerate(got):
+        at, start = 0, 0
+        for k, size in enumerate(got_sizes):
             n, m = asks[k].shape[0], int(wanted[k])
             positions = order[at:at + n]
-            out[positions] = chunk[:n * width].view(table.dtype).reshape((n, *table.shape[1:]))
-            out_labels[positions[:m]] = chunk[n * width:].view(labels.dtype).reshape((m, *labels.shape[1:]))
-            at += n
+            out[positions] = got[start:start + n * width].view(table.dtype).reshape((n, *table.shape[1:]))
+            out_labels[positions[:m]] = got[start + n * width:start + size].view(labels.dtype).reshape(
+                (m, *labels.shape[1:]))
+            at, start = at + n, start + size
         return out, out_labels
 
 

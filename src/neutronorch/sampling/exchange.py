@@ -39,21 +39,34 @@ class Exchange:
 
     def swap_bytes(self, chunks: list[np.ndarray], sizes: list[int] | None = None) -> list[np.ndarray]:
         """``all_to_all`` of byte arrays (uint8), ``sizes`` the bytes each rank sends this one if known."""
-        got = self._swap(chunks, sizes)
+        send = np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)
+        got, sizes = self.swap_packed(send, [int(chunk.shape[0]) for chunk in chunks], sizes)
+        return np.split(got, np.cumsum(sizes)[:-1])
+
+    def swap_packed(self, send: np.ndarray, send_sizes: list[int], sizes: list[int] | None = None
+                    ) -> tuple[np.ndarray, list[int]]:
+        """``swap_bytes`` of one byte buffer holding the bytes for each rank one after another
+        (``send_sizes`` of them for each): returns one buffer of what each rank sent this one, in rank order,
+        and their sizes. No array is split or joined on the way: a sender fills its buffer in place."""
+        announced = sizes is None
+        got, sizes = self._swap(send, list(send_sizes), sizes)
         self.calls += 1
         others = [r for r in range(self.size) if r != self.rank]
-        self.sent_bytes += sum(chunks[r].shape[0] for r in others)
-        self.received_bytes += sum(got[r].shape[0] for r in others)
-        if sizes is None:
+        self.sent_bytes += sum(send_sizes[r] for r in others)
+        self.received_bytes += sum(sizes[r] for r in others)
+        if announced:
             self.sent_bytes += SIZE_BYTES * len(others)
             self.received_bytes += SIZE_BYTES * len(others)
-        return got
+        return got, sizes
 
     def traffic(self) -> dict:
         """The bytes this rank sent and received so far, and its exchanges."""
         return {"sent_bytes": self.sent_bytes, "received_bytes": self.received_bytes, "exchanges": self.calls}
 
-    def _swap(self, chunks: list[np.ndarray], sizes: list[int] | None) -> list[np.ndarray]:
+    def _swap(self, send: np.ndarray, send_sizes: list[int], sizes: list[int] | None
+              ) -> tuple[np.ndarray, list[int]]:
+        """The transport: ``send`` (``send_sizes[r]`` bytes for rank r, in rank order) out, one buffer of each
+        rank's bytes to this one in, and their sizes (announced first when ``sizes`` is None)."""
         raise NotImplementedError
 
 
@@ -71,12 +84,15 @@ class ThreadExchange(Exchange):
         shared = {"box": [[None] * size for _ in range(size)], "barrier": threading.Barrier(size, timeout=timeout)}
         return [cls(rank, size, shared) for rank in range(size)]
 
-    def _swap(self, chunks: list[np.ndarray], sizes: list[int] | None) -> list[np.ndarray]:
+    def _swap(self, send: np.ndarray, send_sizes: list[int], sizes: list[int] | None
+              ) -> tuple[np.ndarray, list[int]]:
         box, barrier = self._shared["box"], self._shared["barrier"]
-        box[self.rank] = [chunk.copy() for chunk in chunks]
+        # Views of the sender's buffer: the others read them before the second wait, and nobody changes them.
+        box[self.rank] = np.split(send, np.cumsum(send_sizes)[:-1])
         barrier.wait()
         got = [box[r][self.rank] for r in range(self.size)]
-        barrier.wait()  # every rank has read its arrays before any posts the next exchange's
         if sizes is not None and [g.shape[0] for g in got] != list(sizes):
             raise ValueError(f"rank {self.rank}: expected {sizes} bytes, got {[g.shape[0] for g in got]}")
-        return got
+        received = np.concatenate(got)
+        barrier.wait()  # every rank has read its arrays before any posts the next exchange's
+        return received, [int(g.shape[0]) for g in got]

@@ -1,5 +1,5 @@
 """The exchange of a partitioned run's ranks over ``torch.distributed`` (``sampling.exchange.Exchange``; gloo
-on the CPU): one ``all_to_all_single`` of bytes, after one of their sizes when the receiver does not know them.
+on the CPU): one ``all_to_all_single`` of a byte buffer, after one of the sizes when the receiver does not know them.
 Each collective has the run's ``dist_timeout`` and fails with a message naming what failed."""
 
 from __future__ import annotations
@@ -27,16 +27,15 @@ class GlooExchange(Exchange):
         span = datetime.timedelta(seconds=world.timeout)
         return cls(world, torch.distributed.new_group(backend="gloo", timeout=span), what)
 
-    def _swap(self, chunks: list[np.ndarray], sizes: list[int] | None) -> list[np.ndarray]:
+    def _swap(self, send: np.ndarray, send_sizes: list[int], sizes: list[int] | None
+              ) -> tuple[np.ndarray, list[int]]:
         world, dist = self.world, torch.distributed
-        sent = [int(chunk.shape[0]) for chunk in chunks]
         if sizes is None:
             announced = torch.empty(self.size, dtype=torch.int64)
             with world._collective(f"{self.what} (sizes)"):
-                dist.all_to_all_single(announced, torch.tensor(sent, dtype=torch.int64), group=self.group)
+                dist.all_to_all_single(announced, torch.tensor(send_sizes, dtype=torch.int64), group=self.group)
             sizes = announced.tolist()
         out = torch.empty(sum(sizes), dtype=torch.uint8)
-        data = torch.from_numpy(np.concatenate(chunks)) if sum(sent) else torch.empty(0, dtype=torch.uint8)
         with world._collective(self.what):
-            dist.all_to_all_single(out, data, list(sizes), sent, group=self.group)
-        return np.split(out.numpy(), np.cumsum(sizes)[:-1])
+            dist.all_to_all_single(out, torch.from_numpy(send), list(sizes), list(send_sizes), group=self.group)
+        return out.numpy(), list(sizes)
