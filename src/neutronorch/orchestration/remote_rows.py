@@ -5,7 +5,7 @@ the parts hold by local index (a layer's outputs in full-neighbour inference), f
 One request and one reply per fetch (``sampling.exchange.Exchange``; every rank takes part, also with nothing
 to ask): each owner gets the ids it owns, in the asker's order, after the number of them whose labels are
 asked (a prefix: the seeds lead a mini-batch's input frontier); it replies with their rows, then those labels,
-as one run of bytes whose size the asker knows."""
+as one run of bytes whose size the asker knows. A rank reads its own vertices' rows itself."""
 
 from __future__ import annotations
 
@@ -41,8 +41,9 @@ class RemoteRows:
         owners = np.asarray(part.part_of[ids[:labelled]])
         wanted = np.bincount(owners, minlength=part.parts) if labelled else np.zeros(part.parts, np.int64)
         self.fetched += sum(a.shape[0] for k, a in enumerate(asks) if k != part.part)
-        requests = exchange.all_to_all([np.concatenate([[wanted[k]], asks[k]]).astype(np.int64)
-                                        for k in range(part.parts)])
+        me = part.part  # this rank's own rows are read here, never sent to itself
+        requests = exchange.all_to_all([np.concatenate([[wanted[k]], asks[k]]).astype(np.int64) if k != me
+                                        else np.zeros(1, np.int64) for k in range(part.parts)])
         width, label_width = row_bytes(table), row_bytes(labels)
         # Each asker's rows, then its labels, gathered straight into one buffer of the reply's bytes.
         asked = [request.reshape(-1) for request in requests]
@@ -57,17 +58,22 @@ class RemoteRows:
             np.take(labels, r[:m], axis=0, out=send[at:at + m * label_width].view(labels.dtype).reshape(
                 (m, *labels.shape[1:])))
             at += m * label_width
-        got, got_sizes = exchange.swap_packed(send, sizes, [a.shape[0] * width + int(m) * label_width
-                                                           for a, m in zip(asks, wanted)])
+        got, got_sizes = exchange.swap_packed(send, sizes, [a.shape[0] * width + int(m) * label_width if k != me
+                                                           else 0 for k, (a, m) in enumerate(zip(asks, wanted))])
         out = np.empty((ids.shape[0], *table.shape[1:]), table.dtype)
         out_labels = np.empty((labelled, *labels.shape[1:]), labels.dtype)
         at, start = 0, 0
         for k, size in enumerate(got_sizes):
             n, m = asks[k].shape[0], int(wanted[k])
             positions = order[at:at + n]
-            out[positions] = got[start:start + n * width].view(table.dtype).reshape((n, *table.shape[1:]))
-            out_labels[positions[:m]] = got[start + n * width:start + size].view(labels.dtype).reshape(
-                (m, *labels.shape[1:]))
+            if k == me:
+                own = part.local(asks[k])
+                out[positions] = table[own]
+                out_labels[positions[:m]] = labels[own[:m]]
+            else:
+                out[positions] = got[start:start + n * width].view(table.dtype).reshape((n, *table.shape[1:]))
+                out_labels[positions[:m]] = got[start + n * width:start + size].view(labels.dtype).reshape(
+                    (m, *labels.shape[1:]))
             at, start = at + n, start + size
         return out, out_labels
 
