@@ -30,7 +30,8 @@ from neutronorch.nn.names import needs_degrees
 from neutronorch.observe import Spans, Utilisation
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.factory import Threads
-from neutronorch.orchestration.loading import ExactMode
+from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES
+from neutronorch.orchestration.loading import LoadingMode
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.remote_rows import PartitionedLoader, RemoteRows
 from neutronorch.orchestration.seeds import NodeSeeds
@@ -111,12 +112,19 @@ class PartGraph:
                    notes=list(graph["notes"]))
 
 
-class PartitionedMode(ExactMode):
-    """Exact mode on one part: ``ExactMode`` with the partitioned sampler and loader; each epoch's record
-    holds every rank's bytes exchanged (rank 0 gathers them)."""
+class PartitionedMode(LoadingMode):
+    """Exact mode's placement on one part, beside ``ExactMode`` (a sibling: ``LoadingMode``'s producer thread
+    samples with the partitioned sampler, ``PartitionedLoader`` fetches the rows); its batches close aligned
+    across the ranks (``AlignedBatches``), and each epoch's record holds every rank's bytes exchanged (rank 0
+    gathers them)."""
 
-    def __init__(self, world: World, evaluation_exchange, *args):
-        super().__init__(*args)
+    name = "exact"
+    stages = HOST_SAMPLING_STAGES
+
+    def __init__(self, world: World, evaluation_exchange, seeds: NodeSeeds, new_sampler, loader: PartitionedLoader,
+                 sampling, spans: Spans, sampler_threads: int):
+        super().__init__(seeds, loader, sampling, spans)
+        self.new_sampler, self.threads = new_sampler, {"sampler": sampler_threads}
         self.world, self.evaluation_exchange, self._last = world, evaluation_exchange, {}
 
     def batches(self, epoch: int, start: int = 0) -> "AlignedBatches":
@@ -138,7 +146,7 @@ class PartitionedMode(ExactMode):
                              "evaluation": self.evaluation_exchange.traffic()}}
 
     def describe(self) -> str:
-        return f"{super().describe()}, partitioned"
+        return f"sampler threads {self.threads['sampler']}, partitioned"
 
 
 def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Threads, stack: contextlib.ExitStack,
