@@ -186,6 +186,36 @@ def test_a_world_size_other_than_the_part_count_is_refused(graph, tmp_path):
         neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), device="cpu", epochs=1))
 
 
+def _train_parts_in_callers_group(rank: int, folder: str, directory: str) -> None:
+    from torch.distributed import distributed_c10d  # noqa: PLC0415 - in the spawned process
+    torch.distributed.init_process_group("gloo", init_method=f"file://{directory}/rendezvous", rank=rank,
+                                         world_size=2)
+    summary = neutronorch.train(neutronorch.TrainConfig(
+        partitions=folder, hidden=16, fanouts=[4, 4], epochs=1, batch_size=64, threads=1, sampler_threads=1,
+        device="cpu", dist_timeout=60, summary_json=f"{directory}/summary-{rank}.json"))
+    assert torch.distributed.is_initialized()  # the caller's group: left for the caller
+    assert len(distributed_c10d._world.pg_map) == 1  # the sampling exchange's own group was taken down
+    torch.distributed.destroy_process_group()
+    Path(directory, f"loss-{rank}").write_text(repr(summary["epochs"][0]["train_loss"]))
+
+
+@pytest.mark.slow
+def test_partitioned_training_in_a_process_group_the_caller_made(graph, tmp_path, monkeypatch):
+    for name, value in _env().items():  # before the children start: numba reads its thread count at import
+        monkeypatch.setenv(name, value)
+    folder = _partition(graph, tmp_path / "parts", 2, "random")
+    context = torch.multiprocessing.spawn(_train_parts_in_callers_group, args=(str(folder), str(tmp_path)),
+                                          nprocs=2, join=False)
+    deadline = time.monotonic() + 240
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the ranks did not finish within 240 s")
+    assert (tmp_path / "loss-0").read_text() == (tmp_path / "loss-1").read_text()  # the global loss on each
+    assert (tmp_path / "summary-0.json").is_file() and not (tmp_path / "summary-1.json").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method, ranks, model", [
     ("metis", 2, []), ("random", 2, []),

@@ -4,6 +4,7 @@ Each collective has the run's ``dist_timeout`` and fails with a message naming w
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 
 import numpy as np
@@ -26,6 +27,14 @@ class GlooExchange(Exchange):
         """An exchange in a gloo group of its own (a collective: every rank calls it at the same point)."""
         span = datetime.timedelta(seconds=world.timeout)
         return cls(world, torch.distributed.new_group(backend="gloo", timeout=span), what)
+
+    def close(self) -> None:
+        """Take down a group ``new`` made, now, after the thread that used it has stopped (not whenever its
+        last reference goes, as late as the interpreter's exit). Local: no rank waits for another."""
+        group, self.group = self.group, None
+        if group is not None and group is not self.world.host_group and torch.distributed.is_initialized():
+            with contextlib.suppress(ValueError):  # taken down already, with the caller's whole group
+                torch.distributed.destroy_process_group(group)
 
     def _swap(self, send: np.ndarray, send_sizes: list[int], sizes: list[int] | None
               ) -> tuple[np.ndarray, list[int]]:

@@ -173,6 +173,7 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     if world.distributed:
         world.broadcast_module(model, "the initial weights' broadcast")
         sampling_exchange = GlooExchange.new(world, "the partitioned sampling's exchange")
+        stack.callback(sampling_exchange.close)  # after the mode's close below (its producer thread stopped)
         evaluation_exchange = GlooExchange(world, what="the partitioned evaluation's exchange")
     else:
         sampling_exchange, evaluation_exchange = ThreadExchange.group(1)[0], ThreadExchange.group(1)[0]
