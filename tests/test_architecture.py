@@ -9,10 +9,11 @@ from neutronorch.observe import StageTable
 from neutronorch.orchestration.loading import DeviceMode, ExactMode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
+from neutronorch.train.partitioned import PartitionedMode
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "neutronorch"
 MODULES = sorted(p for p in SRC.rglob("*.py"))
-MODES = (ExactMode, DeviceMode, NeutronOrchMode)
+MODES = (ExactMode, DeviceMode, NeutronOrchMode, PartitionedMode)  # the last: exact mode's placement on one part
 
 # package -> packages it must never import (docs/architecture.md, "which part may know which")
 # The loader (the engine for a loop of one's own) sits beside train: it builds modes as train does, and

@@ -161,6 +161,7 @@ def test_every_config_field_has_exactly_one_flag():
 # Every option --help leaves out, with a value other than its default, and the config value it must give.
 NOT_SHORT = [
     (["--split-index", "3"], "split_index", 3),
+    (["--partitions", "parts"], "partitions", "parts"),
     (["--times"], "times", True),
     (["--normalize-features", "row"], "normalize_features", "row"),
     (["--layers", "2"], "layers", 2),

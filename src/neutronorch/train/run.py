@@ -97,11 +97,14 @@ class Run:
     fingerprint: dict | None = None  # the graph's, which checkpoints hold (with checkpoint_dir)
     timed_graph: Graph | None = None  # a node task by vertex times: the graph as sampled (evaluation's)
     appearance: Appearance | None = None  # a temporal link task's: when each vertex exists (its negatives')
+    partitioned: object = None  # a run on a partition folder: its evaluation across the parts (``part_eval.py``)
 
     def evaluate(self, epoch: int, progress=None) -> dict[str, float]:
         """The metric on the validation and test sets: {"val": ..., "test": ...}; ``progress(layer, done,
         total)`` as inference goes; checked (``train/health.py``) as the evaluation after ``epoch``."""
         config, check, typed = self.config, self.health.evaluation(epoch), self.typed
+        if self.partitioned is not None:  # rank r holds part r: full-neighbour inference across the parts
+            return self.partitioned.evaluate(self, check, progress)
         # Evaluation runs in float32 whatever the training precision; a typed graph's rows are read by type.
         store = None if typed is not None else self.mode.store.as_dtype(torch.float32)
         fanouts = None if typed is None else typed.eval_sampler.fanouts  # a typed graph's, per relation

@@ -45,6 +45,7 @@ from neutronorch.train.resources import (check_threading_layer, keep_freed_memor
 from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, dataset_fingerprint, load_state
 from neutronorch.train.distributed import GradientSync, World, joined, rank_device, rank_settings
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs, console_copy
+from neutronorch.train.partitioned import build_partitioned_run, check_request as check_partitioned
 from neutronorch.train.replacing import claim_outputs
 from neutronorch.train.run import Built, Run, summarised
 from neutronorch.train.step import TRAINER_STAGES
@@ -81,6 +82,7 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     if typed and model is not None:
         check_own_model_config(config)  # before the graph is read
     check_run(config, TYPED if typed else HOMOGENEOUS)
+    check_partitioned(config, graph, model, options, resolve_device(config.device))
     check_auto(config, resolve_device(config.device))  # mode auto on the CPU: exact, by rule
     timed_task = model is None and (  # sampled by time (docs/temporal.md): a link task, a node task by vertex times
         config.task == "link" or has_vertex_times(graph))
@@ -122,6 +124,8 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     a typed graph's run (``heterogeneous.typed_model`` builds its model). Data parallel (``world``), rank 0's
     initial weights go to every rank, the step's reduction is ``run.sync`` (a typed model's tables' sparse rows
     too) and the stop is agreed on by every rank."""
+    if config.partitions is not None:  # rank r holds part r (train/partitioned.py)
+        return build_partitioned_run(config, device, threads, stack, world, stop, node_gnn)
     data_seconds, link = 0.0, config.task == "link"
     if user_model is not None and link:
         raise ConfigError("`task` link trains the built-in models as encoders (`model` sage, gcn or gat; rgcn or "
@@ -220,9 +224,7 @@ def homogeneous_model(config: TrainConfig, graph: Graph, device: torch.device,
         check_trainable(model.module, model.kind)  # predict and embed take a frozen one
         model = model.to(device)
     else:
-        model = GNN(config.model, graph.feature_dim, config.hidden, config.hidden if link else graph.num_classes,
-                    len(config.fanouts), dropout=config.dropout, heads=config.heads, gcn_norm=config.gcn_norm,
-                    residual=config.residual, norm=config.norm, architecture=config.architecture)
+        model = node_gnn(config, graph.feature_dim, config.hidden if link else graph.num_classes)
         if link:
             norm, mean = row_statistics(graph.features)
             model = LinkModel(model, config.link_head, input_norm=norm,
@@ -230,3 +232,10 @@ def homogeneous_model(config: TrainConfig, graph: Graph, device: torch.device,
         model = model.to(device)
     optimizer = Adam(optimizer_groups(model, config.lr), lr=config.lr, weight_decay=config.weight_decay)
     return Built(graph, model, optimizer, warnings, list(model.parameters()))
+
+
+def node_gnn(config: TrainConfig, feature_dim: int, outputs: int) -> GNN:
+    """The built-in model of ``config`` (on the CPU) over ``feature_dim`` features with ``outputs`` outputs."""
+    return GNN(config.model, feature_dim, config.hidden, outputs, len(config.fanouts), dropout=config.dropout,
+               heads=config.heads, gcn_norm=config.gcn_norm, residual=config.residual, norm=config.norm,
+               architecture=config.architecture)

@@ -1,0 +1,106 @@
+"""Evaluation across the parts of a partitioned run: the full-neighbour layer-wise inference of
+``layerwise.py``, each rank computing every layer for the vertices it owns (docs/distributed.md, "Partitioned
+training").
+
+Layer l of a chunk of owned vertices reads all their in-neighbours (the part's own CSC), relabelled as the
+whole graph's full-neighbour sampler relabels them, and the previous layer's rows of those neighbours: the
+features for the first layer, then the rows each owner computed, fetched from it (``RemoteRows``). Every rank
+computes as many chunks as the rank with the most, so that every fetch is a collective of all ranks. The last
+layer is computed for the owned validation and test vertices only, and the logits, their positions and their
+labels are gathered: every rank scores all of them, as in a full-copy run."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from neutronorch.bfloat16 import tensor_from_numpy
+from neutronorch.orchestration.remote_rows import RemoteRows
+from neutronorch.sampling import kernels
+from neutronorch.sampling.block import Block
+from neutronorch.sampling.neighbor_sampler import relabel_into
+from neutronorch.sampling.partitioned import sample_rows
+from neutronorch.train.distributed import World
+from neutronorch.train.evaluate import eval_subset, scored
+from neutronorch.train.health import EvaluationCheck
+
+
+class PartEvaluation:
+    """The evaluation of a rank holding ``part``, fetching rows through ``exchange`` (which only the trainer's
+    thread uses) among the ranks of ``world``."""
+
+    def __init__(self, part, exchange, world: World):
+        self.part, self.world = part, world
+        self.fetcher = RemoteRows(part, exchange)
+        self._node_map = np.full(part.num_nodes, -1, dtype=np.int64)
+
+    def evaluate(self, run, check: EvaluationCheck, progress=None) -> dict[str, float]:
+        """``Run.evaluate``'s scores ({"val": ..., "test": ...}) of a partitioned run."""
+        config, model, part, world = run.config, run.model, self.part, self.world
+        if world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
+            world.broadcast_module(model, "the buffers' broadcast before evaluation", buffers_only=True)
+        val = eval_subset(part.global_splits["val_idx"], config.eval_max_nodes, config.seed)
+        test = eval_subset(part.global_splits["test_idx"], config.eval_max_nodes, config.seed + 1)
+        nodes = np.concatenate([val, test])
+        positions = np.flatnonzero(np.asarray(part.part_of[nodes]) == part.part)
+        logits = self.logits(model, nodes[positions], run.device, config.eval_batch_size, progress)
+        labels = torch.from_numpy(np.asarray(part.labels[part.local(nodes[positions])], dtype=np.int64))
+        positions = torch.from_numpy(positions)
+        if world.distributed:
+            positions = torch.cat(world.all_gather_rows(positions, "gathering the evaluation's positions"))
+            logits = torch.cat(world.all_gather_rows(logits.contiguous(), "gathering the evaluation's logits"))
+            labels = torch.cat(world.all_gather_rows(labels, "gathering the evaluation's labels"))
+        order = torch.argsort(positions)
+        logits, labels, split = logits[order], labels[order], val.shape[0]
+        return scored(run.task, {"val": (logits[:split], labels[:split]), "test": (logits[split:], labels[split:])},
+                      check)
+
+    @torch.no_grad()
+    def logits(self, model, nodes: np.ndarray, device: torch.device, chunk_size: int, progress=None) -> torch.Tensor:
+        """The last layer's rows of ``nodes`` (owned by this part), every layer below computed for every owned
+        vertex; float32 on the CPU."""
+        model.eval()
+        part, chunk_size = self.part, max(1, chunk_size)
+        owned = np.asarray(part.ids)
+        hidden = None
+        for layer in range(model.num_layers - 1):
+            out = torch.empty((owned.shape[0], model.width(layer)))
+            for start in self._chunks(owned.shape[0], chunk_size):
+                ids = owned[start:start + chunk_size]
+                out[start:start + ids.shape[0]] = self.layer_rows(model, layer, ids, hidden, device)
+                if progress is not None:
+                    progress(layer + 1, min(owned.shape[0], start + chunk_size), owned.shape[0])
+            hidden = out.numpy()
+        last = model.num_layers - 1
+        outputs = [torch.zeros(0, model.width(last))]
+        for start in self._chunks(nodes.shape[0], chunk_size):
+            outputs.append(self.layer_rows(model, last, nodes[start:start + chunk_size], hidden, device))
+            if progress is not None:
+                progress(last + 1, min(nodes.shape[0], start + chunk_size), nodes.shape[0])
+        return torch.cat(outputs)
+
+    def _chunks(self, count: int, chunk_size: int) -> range:
+        """The starts of this rank's chunks of ``count`` rows, as many as the rank with the most takes (those
+        past ``count`` are empty): every rank fetches the same number of times."""
+        exchange = self.fetcher.exchange
+        mine = np.array([-(-count // chunk_size)], np.int64)
+        counts = exchange.all_to_all([mine] * exchange.size, [1] * exchange.size)
+        return range(0, int(max(c[0] for c in counts)) * chunk_size, chunk_size)
+
+    def layer_rows(self, model, layer: int, ids: np.ndarray, hidden: np.ndarray | None,
+                   device: torch.device) -> torch.Tensor:
+        """Layer ``layer`` of the owned vertices ``ids`` over all their in-neighbours, reading ``hidden``
+        (every part's previous layer by local index; None: the features). A collective (the fetch)."""
+        part = self.part
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        ptr, nbrs = sample_rows(part.indptr, part.indices, part.local(ids), ids, -1, np.uint64(0))
+        kernels.map_nodes(ids, self._node_map)
+        (local,), frontier = relabel_into(ids, [nbrs], self._node_map)
+        kernels.reset_map(frontier, self._node_map)
+        rows, _ = self.fetcher.fetch(frontier, table=hidden)
+        if ids.shape[0] == 0:
+            return torch.zeros(0, model.width(layer))
+        block = Block(ids.shape[0], frontier.shape[0], torch.from_numpy(ptr), torch.from_numpy(local),
+                      src_ids=torch.from_numpy(frontier))
+        x_src = tensor_from_numpy(rows).float()
+        return model.layer_forward(layer, block.to(device), x_src.to(device)).float().cpu()

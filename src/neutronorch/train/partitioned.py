@@ -1,0 +1,250 @@
+"""``train --partitions DIR``: training on a partition folder (``neutronorch partition``), launched with one
+rank per part (docs/distributed.md, "Partitioned training"). Rank r loads part r and the global arrays only.
+Its mini-batches are the full-copy data-parallel run's (the root's split files in the epoch's order, global
+batch k split by rank as ``orchestration/seeds.py`` splits it), sampled across the parts with the global
+batch's key (``sampling/partitioned.py``), their rows and labels fetched from their owners
+(``orchestration/remote_rows.py``); gradients are averaged as in any data-parallel run, and evaluation runs the
+full-neighbour inference across the parts (``part_eval.py``). What is not built yet is refused, saying so."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from neutronorch.capabilities import PARTITIONED_MODES
+from neutronorch.config import TrainConfig, auto_batch_size
+from neutronorch.data.partition_files import load_partition
+from neutronorch.errors import ConfigError
+from neutronorch.features.placement import Placement
+from neutronorch.features.store import FeatureStore
+from neutronorch.nn.link import optimizer_groups
+from neutronorch.nn.names import needs_degrees
+from neutronorch.observe import Spans, Utilisation
+from neutronorch.orchestration.access import FeatureAccess
+from neutronorch.orchestration.factory import Threads
+from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES
+from neutronorch.orchestration.loading import LoadingMode
+from neutronorch.orchestration.pipeline import Prefetcher
+from neutronorch.orchestration.remote_rows import PartitionedLoader, RemoteRows
+from neutronorch.orchestration.seeds import NodeSeeds
+from neutronorch.sampling.exchange import ThreadExchange
+from neutronorch.sampling.partitioned import PartitionedSampler
+from neutronorch.train.distributed import GradientSync, World
+from neutronorch.train.health import Health
+from neutronorch.train.optim import Adam
+from neutronorch.train.part_eval import PartEvaluation
+from neutronorch.train.part_exchange import GlooExchange
+from neutronorch.train.run import Run
+from neutronorch.train.step import TRAINER_STAGES
+from neutronorch.train.summary import MetricLog
+from neutronorch.train.task import Task
+
+logger = logging.getLogger("neutronorch")
+BUILT = "partitioned training (--partitions) is built for a node task in exact mode on the CPU so far"
+WHY = "(docs/distributed.md, \"Partitioned training\")"
+
+
+def check_request(config: TrainConfig, graph, model, options, device: torch.device) -> None:
+    """Refuse, before any output is made, what a partitioned run cannot do yet, each with the reason."""
+    if config.partitions is None:
+        return
+
+    def refuse(what: str, fix: str) -> ConfigError:
+        return ConfigError(f"{what}: {BUILT} {WHY}. {fix}")
+
+    if graph is not None or model is not None or options is not None:
+        raise refuse("`graph`, `model` or `options` given with `partitions`", "Train on the partition folder alone "
+                     "(rank r loads part r), with a built-in model.")
+    if config.settings_given(["dataset"]):
+        raise ConfigError(f"`dataset` {config.dataset} and `partitions` {config.partitions}: the partition folder "
+                          f"holds the graph it was made from; give one of them.")
+    if config.task != "node":
+        raise refuse(f"`task` {config.task}", "Train a node task; a partition carries no link split yet.")
+    if config.mode not in PARTITIONED_MODES:
+        raise refuse(f"`mode` {config.mode}", "Give `mode` exact (or leave it out).")
+    if device.type != "cpu":
+        raise refuse(f"device {device}", "Give `device` cpu: the ranks exchange over gloo.")
+    if config.precision not in ("fp32", "auto"):
+        raise refuse(f"`precision` {config.precision}", "Give `precision` fp32.")
+    given = config.settings_given(["split", "times", "normalize_features", "eval_fanouts"])
+    if given:
+        raise refuse(", ".join(given), "Leave it out: the partition holds its split and rows as written, and "
+                     "evaluation runs full-neighbour inference across the parts.")
+    if config.resume or config.checkpoint_dir:
+        raise refuse("`resume` or `checkpoint_dir`", "Checkpoints of a partitioned run are not written yet: train "
+                     "with --no-save (the summary and logs still go where --summary-json and --log-jsonl say).")
+    if needs_degrees(config.model, config.gcn_norm):
+        raise refuse(f"`model` gcn with `gcn_norm` {config.gcn_norm}", "A part knows only its own vertices' "
+                     "degrees; give `gcn_norm` mean, or `model` sage or gat.")
+
+
+@dataclass
+class PartGraph:
+    """What a run reads of the whole graph where a rank holds one part: the manifest's sizes and classes, the
+    whole split (the root's files) and the part's own labels (their shape says the task's kind)."""
+
+    name: str
+    num_nodes: int
+    num_edges: int
+    feature_dim: int
+    num_classes: int
+    metric: str | None
+    labels: np.ndarray
+    train_idx: np.ndarray
+    val_idx: np.ndarray
+    test_idx: np.ndarray
+    links: None = None
+    notes: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, part) -> "PartGraph":
+        graph = part.manifest["graph"]
+        return cls(graph["name"], graph["num_nodes"], graph["num_edges"], graph["feature_dim"], graph["num_classes"],
+                   graph["metric"], part.labels, *(part.global_splits[s] for s in ("train_idx", "val_idx", "test_idx")),
+                   notes=list(graph["notes"]))
+
+
+class PartitionedMode(LoadingMode):
+    """Exact mode's placement on one part, beside ``ExactMode`` (a sibling: ``LoadingMode``'s producer thread
+    samples with the partitioned sampler, ``PartitionedLoader`` fetches the rows); its batches close aligned
+    across the ranks (``AlignedBatches``), and each epoch's record holds every rank's bytes exchanged (rank 0
+    gathers them)."""
+
+    name = "exact"
+    stages = HOST_SAMPLING_STAGES
+
+    def __init__(self, world: World, evaluation_exchange, seeds: NodeSeeds, new_sampler, loader: PartitionedLoader,
+                 sampling, spans: Spans, sampler_threads: int):
+        super().__init__(seeds, loader, sampling, spans)
+        self.new_sampler, self.threads = new_sampler, {"sampler": sampler_threads}
+        self.world, self.evaluation_exchange, self._last = world, evaluation_exchange, {}
+
+    def batches(self, epoch: int, start: int = 0) -> "AlignedBatches":
+        limit: dict = {}
+        produce = lambda: limited(self._produce(epoch, start), limit)  # noqa: E731
+        return AlignedBatches(Prefetcher(produce, depth=self.sampling.prefetch, name=f"{self.name}-producer",
+                                         threads=self.threads.get("sampler")), limit, max(1, self.sampling.prefetch))
+
+    def end_epoch(self, record: dict) -> None:
+        traffic = self.loader.fetcher.exchange.traffic()
+        since = {key: value - self._last.get(key, 0) for key, value in traffic.items()}
+        self._last = traffic
+        record["exchange"] = (self.world.gather_objects(since, "gathering the bytes exchanged")
+                              if self.world.distributed else [since])
+
+    def summary(self) -> dict:
+        """This rank's bytes exchanged over the run: by its sampling and rows, and by its evaluations."""
+        return {"exchange": {"training": self.loader.fetcher.exchange.traffic(),
+                             "evaluation": self.evaluation_exchange.traffic()}}
+
+    def describe(self) -> str:
+        return f"sampler threads {self.threads['sampler']}, partitioned"
+
+
+def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Threads, stack: contextlib.ExitStack,
+                          world: World, stop: threading.Event | None, gnn) -> Run:
+    """``trainer.build_run`` for a partition folder: this rank's part, model (``gnn(config, feature_dim,
+    classes)``, made as a full-copy run makes it), optimizer and partitioned mode."""
+    t0 = time.perf_counter()
+    part = load_partition(Path(config.partitions), world.rank, world_size=world.size)
+    graph, manifest = PartGraph.of(part), part.manifest
+    config.dataset = manifest["source"]  # what the summary and logs name: the graph the parts were made from
+    data_seconds = time.perf_counter() - t0
+    logger.info(f"loaded part {part.part} of {part.parts} of {graph.name} ({manifest['method']} parts): "
+                f"{part.ids.shape[0]:,} of {graph.num_nodes:,} vertices, {part.indices.shape[0]:,} of "
+                f"{graph.num_edges:,} edges, in {data_seconds:.1f}s")
+    if config.precision != "fp32":  # auto resolved to bf16 on this CPU
+        raise ConfigError(f"`precision` {config.precision}: {BUILT}, in float32 {WHY}. Give `precision` fp32.")
+    for note in graph.notes if world.main else []:
+        logger.warning(f"note: {note}")
+    model = gnn(config, graph.feature_dim, graph.num_classes).to(device)
+    optimizer = Adam(optimizer_groups(model, config.lr), lr=config.lr, weight_decay=config.weight_decay)
+    if config.batch_size == 0:
+        config.batch_size = auto_batch_size(len(graph.train_idx))
+    task = Task.of(graph, config.metric)
+    if world.distributed:
+        world.broadcast_module(model, "the initial weights' broadcast")
+        sampling_exchange = GlooExchange.new(world, "the partitioned sampling's exchange")
+        stack.callback(sampling_exchange.close)  # after the mode's close below (its producer thread stopped)
+        evaluation_exchange = GlooExchange(world, what="the partitioned evaluation's exchange")
+    else:
+        sampling_exchange, evaluation_exchange = ThreadExchange.group(1)[0], ThreadExchange.group(1)[0]
+    spans = Spans()
+    sampling = dataclasses.replace(config.sampling, rank=world.rank, world=world.size)
+    topology = part.indptr.nbytes + part.indices.nbytes
+    placement = Placement("cpu", None, 0, "host", "host", 0, "none", topology, part.features.nbytes, 0)
+    access = FeatureAccess(device, FeatureStore(part.features, part.labels), placement, None, None)
+    loader = PartitionedLoader(access, RemoteRows(part, sampling_exchange), spans)
+    mode = PartitionedMode(world, evaluation_exchange, NodeSeeds(graph, sampling),
+                           lambda: PartitionedSampler(part, sampling_exchange, sampling.fanouts), loader, sampling,
+                           spans, threads.sampler)
+    stack.callback(mode.close)
+    logger.info(f"partitioned: {world.describe()}; batch size {config.batch_size} per rank, "
+                f"{config.batch_size * world.size} per global batch, {mode.num_batches} global batches per epoch")
+    logger.info(f"mode {mode.name}, model {config.model}, fanouts {config.fanouts}, device {device}, batch size "
+                f"{config.batch_size}, train threads {threads.train}, {mode.describe()}")
+    util = stack.enter_context(contextlib.closing(Utilisation(device)))
+    metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=False)))
+    logger.info(f"task: {task.describe()}")
+    own = np.asarray(part.labels[part.local(part.splits["train_idx"])])
+    train_labels = (torch.cat(world.all_gather_rows(torch.from_numpy(own.astype(np.int64)),
+                                                    "gathering the training labels")).numpy()
+                    if world.distributed else own)
+    run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
+              util, metrics, task, data_seconds=data_seconds, world=world, stop=stop,
+              health=Health(task.constant_losses(train_labels), []))
+    run.partitioned = PartEvaluation(part, evaluation_exchange, world)
+    if world.distributed:
+        run.sync = GradientSync(world, list(model.parameters()), stop, mode.averaged_gradients)
+        run.stop = run.sync.agreed  # every rank stops after the same step
+    return run
+
+
+def limited(items, limit: dict):
+    """``items`` until ``limit["count"]`` of them are yielded (no limit while it is unset): the next item is not
+    begun once the limit is reached."""
+    for count, item in enumerate(items, start=1):
+        yield item
+        if count >= limit.get("count", count + 1):
+            return
+
+
+class AlignedBatches:
+    """An epoch's batches whose early close (a stop agreed on at the same step on every rank) leaves every
+    rank's producer having made the same batches. A producer runs ahead by up to ``depth`` batches and may be
+    amid the exchanges of one more, and another rank's producer may be elsewhere: closed there, it would wait
+    for exchanges its peers never begin. So a close first sets every rank's limit to the batches taken plus
+    ``depth`` plus one, the most any producer can have begun, and takes the batches up to it (released
+    unused) before the producer is joined."""
+
+    def __init__(self, prefetcher: Prefetcher, limit: dict, depth: int):
+        self._prefetcher, self._limit, self._depth, self._taken = prefetcher, limit, depth, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = next(self._prefetcher)
+        self._taken += 1
+        return item
+
+    def close(self) -> None:
+        self._limit["count"] = self._taken + self._depth + 1
+        with contextlib.suppress(Exception):  # a producer's failure: it has stopped, nothing to align
+            for item in self._prefetcher:
+                item.release()
+        self._prefetcher.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
