@@ -5,6 +5,7 @@ a ``ConfigError`` naming the variable, its value and the values it takes. Import
 from __future__ import annotations
 
 import os
+import time
 
 from neutronorch.errors import ConfigError
 
@@ -69,3 +70,42 @@ def launcher_rank() -> int | None:
         return int(os.environ["RANK"]) if launcher_world_size() > 1 else None
     except (KeyError, ValueError, ConfigError):
         return None
+
+
+# Other programs' use of the machine, in cores, from which OpenMP's idle threads (libgomp's: torch's and numba's)
+# sleep rather than spin: beside one busy program on 2 cores the demo's epochs took 0.71x with them sleeping,
+# beside two 0.11x; on an idle machine 1.2-1.4x (docs/results/wait-policy-2026-12-06.md).
+BUSY_CORES = 0.5
+WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def busy_cores(seconds: float = 0.15) -> float | None:
+    """The cores busy over the next ``seconds`` (the machine's, from /proc/stat, while this process sleeps: the
+    work of other programs); None where it cannot be read."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as stat:
+            ticks = [int(n) for n in stat.readline().split()[1:]]
+        return sum(ticks[:8]), ticks[3] + ticks[4]  # user ... steal; idle and iowait
+    try:
+        total, idle = sample()
+        time.sleep(seconds)
+        total_after, idle_after = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    spent = total_after - total
+    return None if spent <= 0 else (1 - (idle_after - idle) / spent) * (os.cpu_count() or 1)
+
+
+def choose_wait_policy() -> str | None:
+    """Before torch or numba loads libgomp: where other programs keep at least ``BUSY_CORES`` of the machine busy,
+    ``OMP_WAIT_POLICY=PASSIVE`` (idle OpenMP threads sleep at once, instead of spinning for about 3 ms on cores
+    the other programs need); the note that says so, or None where it is left to libgomp. Never where the user
+    set either variable, nor in a launched rank (its sibling ranks' start would count as other programs)."""
+    if any(name in os.environ for name in WAIT_VARIABLES) or launcher_world_size() > 1:
+        return None
+    busy = busy_cores()
+    if busy is None or busy < BUSY_CORES:
+        return None
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return (f"other programs keep {busy:.1f} of the machine's {os.cpu_count()} cores busy: idle OpenMP threads sleep "
+            f"instead of spinning (OMP_WAIT_POLICY=PASSIVE; set OMP_WAIT_POLICY yourself to choose)")

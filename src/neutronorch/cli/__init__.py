@@ -13,7 +13,7 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> int:
     """Run a command; its exit status. Ctrl-C while the modules load is an interruption like any other,
     and output into a pipe whose reader has gone ends the command quietly (status 141), as SIGPIPE would."""
-    from neutronorch.environment import check_environment  # noqa: PLC0415
+    from neutronorch.environment import check_environment, choose_wait_policy  # noqa: PLC0415
     from neutronorch.errors import ConfigError  # noqa: PLC0415
 
     try:
@@ -21,6 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"neutronorch: error: {exc}", file=sys.stderr)
         return 2
+    words = [w for w in (sys.argv[1:] if argv is None else argv) if not w.startswith("-")]
+    if words[:1] in (["train"], ["predict"], ["embed"]):  # commands that compute: before torch loads libgomp
+        note = choose_wait_policy()
+        if note is not None:
+            print(f"note: {note}", file=sys.stderr)
     try:
         from neutronorch.cli.app import main as run  # noqa: PLC0415 - the slow imports, inside the guard
     except KeyboardInterrupt:
