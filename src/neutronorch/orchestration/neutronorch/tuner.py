@@ -176,7 +176,8 @@ class HotRatioTuner:
         if not on:
             self._phase, self._off, self.ratio = "off", 0, 0.0
             return "off", f"{verdict}: {measured}"
-        self._phase, self._direction, self._step = "on", 1.0, 1.0
+        # Every epoch with hot rows slower than every one without (within the margin): fewer hot rows next.
+        self._phase, self._direction, self._step = "on", -1.0 if min(with_) > max(without) else 1.0, 1.0
         self._best, self._best_share = (fastest, at), share
         return "on", f"{verdict}: {measured}{self._above_cap(at, share)}"
 
