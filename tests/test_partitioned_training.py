@@ -29,6 +29,7 @@ from neutronorch.sampling.exchange import ThreadExchange
 from neutronorch.train.distributed import World
 from neutronorch.train.layerwise import layerwise
 from neutronorch.train.part_eval import PartEvaluation
+from test_partitioned_sampling import run_threads
 
 GRAPH = "synthetic:nodes=3000,features=16,degree=8"
 COMMON = ["--hidden", "16", "--fanouts", "4,4", "--threads", "1", "--sampler-threads", "1", "--no-progress",
@@ -62,25 +63,14 @@ def test_inference_across_parts_gives_the_whole_graphs_logits(graph, tmp_path, p
     nodes = np.concatenate([graph.val_idx, graph.test_idx]).astype(np.int64)
     whole = layerwise(net, graph, FeatureStore(graph.features, graph.labels), torch.from_numpy(nodes),
                       torch.device("cpu"), chunk_size=300)
-    exchanges = ThreadExchange.group(parts, timeout=60)
-    got, errors = {}, []
 
-    def rank(r):
-        try:
-            part = load_partition(folder, r, verify=False)
-            mine = nodes[np.asarray(part.part_of[nodes]) == r]
-            evaluation = PartEvaluation(part, exchanges[r], World())
-            got[r] = (mine, evaluation.logits(net, mine, torch.device("cpu"), 256 + 50 * r))  # chunks differ by rank
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-            exchanges[r]._shared["barrier"].abort()
+    def rank(r, exchange):
+        part = load_partition(folder, r, verify=False)
+        mine = nodes[np.asarray(part.part_of[nodes]) == r]
+        evaluation = PartEvaluation(part, exchange, World())
+        return mine, evaluation.logits(net, mine, torch.device("cpu"), 256 + 50 * r)  # chunks differ by rank
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(parts)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not errors, errors
+    got = run_threads(rank, parts)
     mine = np.concatenate([got[r][0] for r in range(parts)])
     logits = torch.cat([got[r][1] for r in range(parts)])
     expected = whole[torch.from_numpy(_positions(nodes, mine))]
