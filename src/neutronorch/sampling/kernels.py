@@ -162,10 +162,16 @@ def sample_neighbors(indptr, indices, dst_nodes, fanout, key, order):
 def draw_row(indptr, indices, dst_nodes, key, ptr, nbrs, i):
     """``sample_neighbors``' draws of ``dst_nodes[i]`` into ``nbrs[ptr[i]:ptr[i + 1]]``."""
     v = dst_nodes[i]
-    start = indptr[v]
-    deg = indptr[v + 1] - start
     # Slices, not nbrs[out + j]: an offset index is checked for wrap-around (see bfloat16's note).
-    chosen = nbrs[ptr[i]:ptr[i + 1]]
+    draw_keyed(indptr, indices, v, v, key, nbrs[ptr[i]:ptr[i + 1]])
+
+
+@njit(inline="always")
+def draw_keyed(indptr, indices, row, v, key, chosen):
+    """The draws of row ``row`` of a CSC keyed by vertex ``v`` (the same vertex, on the whole graph; its global
+    id, on a part that holds it at another row) into ``chosen``: all of the row where it has no more."""
+    start = indptr[row]
+    deg = indptr[row + 1] - start
     neighbours = indices[start:start + deg]
     if chosen.shape[0] == deg:
         chosen[:] = neighbours

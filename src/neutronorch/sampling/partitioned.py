@@ -29,24 +29,10 @@ def sample_rows(indptr, indices, rows, ids, fanout, key):
     ``fanout`` (all when < 0) in-neighbours of ``ids[i]``, drawn from row ``rows[i]`` and keyed by ``ids[i]``
     (the whole graph's draws, the same in-edges in the same order). Returns (ptr, nbrs)."""
     n = rows.shape[0]
-    counts = np.empty(n + 1, np.int64)
-    counts[0] = 0
-    for i in prange(n):
-        deg = indptr[rows[i] + 1] - indptr[rows[i]]
-        counts[i + 1] = deg if (fanout < 0 or deg <= fanout) else fanout
-    ptr = np.cumsum(counts)
+    ptr = kernels.drawn_ptr(indptr, rows, fanout, np.zeros(0, np.int64))
     nbrs = np.empty(ptr[n], indices.dtype)
     for i in prange(n):
-        start = indptr[rows[i]]
-        deg = indptr[rows[i] + 1] - start
-        chosen = nbrs[ptr[i]:ptr[i + 1]]
-        neighbours = indices[start:start + deg]
-        if chosen.shape[0] == deg:
-            chosen[:] = neighbours
-            continue
-        kernels._draw_offsets(chosen, deg, key, ids[i])
-        for j in range(chosen.shape[0]):
-            chosen[j] = neighbours[chosen[j]]
+        kernels.draw_keyed(indptr, indices, rows[i], ids[i], key, nbrs[ptr[i]:ptr[i + 1]])
     return ptr, nbrs
 
 
