@@ -127,7 +127,7 @@ class HotRatioTuner:
             return self._recheck(seconds, ratio)
         if not improved:  # worse: back to the best ratio, turn round, and take smaller steps
             self._direction, self._step = -self._direction, self._step / 2
-        held = self._above_cap(ratio, self._share)
+        held = self._step_from_best(ratio, self._share)
         return "walk", f"fastest so far {self._best[0]:.3f} {self.unit} per epoch at r {self._best[1]:.3g}" + held
 
     def _recheck(self, seconds: float, ratio: float) -> tuple[str, str]:
@@ -179,9 +179,9 @@ class HotRatioTuner:
         # Every epoch with hot rows slower than every one without (within the margin): fewer hot rows next.
         self._phase, self._direction, self._step = "on", -1.0 if min(with_) > max(without) else 1.0, 1.0
         self._best, self._best_share = (fastest, at), share
-        return "on", f"{verdict}: {measured}{self._above_cap(at, share)}"
+        return "on", f"{verdict}: {measured}{self._step_from_best(at, share)}"
 
-    def _above_cap(self, ratio: float, share: float | None) -> str:
+    def _step_from_best(self, ratio: float, share: float | None) -> str:
         """Set the walk's next ratio from the best one; where the epoch at ``ratio`` had its hot set held by the
         error cap (its mean hot ``share`` well below the ratio), never above ``ratio``, and say so."""
         step = self._next_positive(self._best[1])
