@@ -24,9 +24,7 @@ def given_ids(args: argparse.Namespace) -> tuple[object, dict]:
     their vertices, in the file's order) and ``score_pairs``' options for ``--pairs`` (read here, so a bad
     file fails before the data loads: a (2, P) array of vertex numbers, ``source`` naming the file)."""
     nodes, pairs = args.nodes, getattr(args, "pairs", None)
-    table = Path(args.dataset) / "node_ids.npy"
-    node_ids = np.asarray(open_npy(table, "each vertex's id in your tables", "Convert your tables again.",
-                                   mmap=False)) if table.is_file() else None
+    table, node_ids = Path(args.dataset) / "node_ids.npy", kept(args.dataset, "node_ids")
     if node_ids is not None and nodes not in (None, *NODE_SETS):
         nodes = _nodes(Path(nodes), node_ids, table)
         print(f"read {len(nodes):,} id{'' if len(nodes) == 1 else 's'} of {args.nodes} as your tables' ids (their vertices: {table})")
@@ -36,6 +34,14 @@ def given_ids(args: argparse.Namespace) -> tuple[object, dict]:
     if node_ids is not None:
         print(f"read {array.shape[1]:,} pair{'' if array.shape[1] == 1 else 's'} of {pairs} as your tables' ids (their vertices: {table})")
     return nodes, {"pairs": array, "layout": "columns", "source": pairs}
+
+
+def kept(dataset: str, name: str) -> np.ndarray | None:
+    """``node_ids`` or ``class_names`` as ``convert`` kept them beside a dataset (None where it did not)."""
+    path = Path(dataset) / f"{name}.npy"
+    if not path.is_file():
+        return None
+    return np.asarray(open_npy(path, f"the dataset's {name}", "Convert your tables again.", mmap=False))
 
 
 def _nodes(path: Path, node_ids: np.ndarray, table: Path) -> np.ndarray:

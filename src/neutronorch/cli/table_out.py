@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from neutronorch.atomic import write_atomically
-from neutronorch.data.files import open_npy
+from neutronorch.cli.ids import kept
 from neutronorch.train.output_guard import check_space
 
 TEXT_OUT = (".csv", ".tsv")
@@ -22,14 +22,6 @@ _FLOAT = "%.9g"  # float32 values, written so that they read back exactly
 
 def is_text_out(path) -> bool:
     return Path(path).suffix.lower() in TEXT_OUT
-
-
-def kept(dataset: str, name: str) -> np.ndarray | None:
-    """``node_ids`` or ``class_names`` as ``convert`` kept them beside a dataset (None where it did not)."""
-    path = Path(dataset) / f"{name}.npy"
-    if not path.is_file():
-        return None
-    return np.asarray(open_npy(path, f"the dataset's {name}", "Convert your tables again.", mmap=False))
 
 
 def write_predictions(out, dataset: str, vertices: np.ndarray, rows: np.ndarray, probabilities: bool) -> None:
@@ -66,7 +58,7 @@ def _ids(dataset: str, vertices: np.ndarray) -> np.ndarray:
 def _write(out, header: list[str], keys: list[np.ndarray], values: list[np.ndarray], floats: bool) -> None:
     count = len(keys[0])
     # A generous guess of the text's size (a float takes at most 16 characters), checked before writing.
-    check_space("out", out, count * (sum(24 for _ in keys) + 17 * len(values)) + 4096)
+    check_space("out", out, count * (24 * len(keys) + 17 * len(values)) + 4096)
     delimiter = "\t" if Path(out).suffix.lower() == ".tsv" else ","
 
     def write(f) -> None:
