@@ -14,13 +14,15 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from neutronorch.config import SamplingConfig
-from neutronorch.orchestration.seeds import global_batches, rank_part
+from neutronorch.orchestration.seeds import NodeSeeds
 
 # Loss agreement between 2 ranks and 1 process: the same arithmetic up to the order of sums.
 LOSS_RTOL = 1e-5
@@ -55,8 +57,9 @@ def _step_losses(path: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "step"]
 
 
-def epoch_batches(train, sampling, epoch):
-    return [rank_part(batch, sampling) for batch in global_batches(train, sampling, epoch)]
+def epoch_batches(train, sampling, epoch, owner=None):
+    graph = types.SimpleNamespace(train_idx=train.numpy())
+    return [batch.seeds for batch in NodeSeeds(graph, sampling, owner).epoch(epoch)]
 
 
 def test_ranks_split_each_global_batch_in_order():
@@ -70,6 +73,16 @@ def test_ranks_split_each_global_batch_in_order():
     # 7 seeds, 3 ranks of 2: a global batch of 6, then one of a single seed that two ranks have no part of.
     tiny = [epoch_batches(torch.arange(7), SamplingConfig([5], 2, 0, 1, rank=r, world=3), 0) for r in range(3)]
     assert [[b.shape[0] for b in t] for t in tiny] == [[2, 1], [2, 0], [2, 0]]
+
+
+def test_ranks_dealt_by_owner_train_the_seeds_their_part_owns_in_the_global_batchs_order():
+    train, owner = torch.arange(103), np.random.default_rng(0).integers(0, 3, 200).astype(np.int32)
+    one = epoch_batches(train, SamplingConfig([5], 30, 3, 1), epoch=1)
+    parts = [epoch_batches(train, SamplingConfig([5], 10, 3, 1, rank=r, world=3), 1, owner) for r in range(3)]
+    for k, batch in enumerate(one):
+        for rank in range(3):
+            assert torch.equal(parts[rank][k], batch[torch.from_numpy(owner[batch.numpy()] == rank)])
+    assert sorted(torch.cat([p[k] for p in parts for k in range(len(one))]).tolist()) == list(range(103))
 
 
 def _train_in_callers_group(rank: int, directory: str) -> None:

@@ -162,6 +162,7 @@ def test_every_config_field_has_exactly_one_flag():
 NOT_SHORT = [
     (["--split-index", "3"], "split_index", 3),
     (["--partitions", "parts"], "partitions", "parts"),
+    (["--deal-by", "parts"], "deal_by", "parts"),
     (["--times"], "times", True),
     (["--normalize-features", "row"], "normalize_features", "row"),
     (["--layers", "2"], "layers", 2),

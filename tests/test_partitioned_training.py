@@ -1,8 +1,8 @@
 """Training on a partition folder (`train --partitions DIR`), rank r holding part r only: the per-step losses
-are those of the full-copy data-parallel run with as many ranks and the same seeds, bit for bit (the same
-blocks, rows, labels and dropout keys give the same gradients, reduced the same way), and evaluation, the
-full-neighbour inference run across the parts, gives the full-copy run's accuracy. What is not built yet is
-refused with the reason."""
+are those of the full-copy data-parallel run with as many ranks and the same seeds, dealt to the ranks by the
+same parts (`--deal-by`), bit for bit (the same blocks, rows, labels and dropout keys give the same gradients,
+reduced the same way), and evaluation, the full-neighbour inference run across the parts, gives the full-copy
+run's accuracy. What is not built yet is refused with the reason."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -21,14 +22,17 @@ import torch
 import neutronorch
 from neutronorch.data import load_dataset
 from neutronorch.data.partition import assign, write_partition
-from neutronorch.data.partition_files import load_partition
-from neutronorch.errors import ConfigError
+from neutronorch.data.partition_files import dealing_owners, load_partition
+from neutronorch.errors import ConfigError, TrainingError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
 from neutronorch.sampling.exchange import ThreadExchange
 from neutronorch.train.distributed import World
+from neutronorch.train.evaluate import scored
+from neutronorch.train.health import EvaluationCheck
 from neutronorch.train.layerwise import layerwise
 from neutronorch.train.part_eval import PartEvaluation
+from neutronorch.train.task import Task
 from test_partitioned_sampling import run_threads
 
 GRAPH = "synthetic:nodes=3000,features=16,degree=8"
@@ -81,6 +85,81 @@ def test_inference_across_parts_gives_the_whole_graphs_logits(graph, tmp_path, p
 def _positions(nodes: np.ndarray, ids: np.ndarray) -> np.ndarray:
     where = {int(v): i for i, v in enumerate(nodes)}
     return np.array([where[int(v)] for v in ids], dtype=np.int64)
+
+
+class _ThreadWorld:
+    """The two collectives of ``PartEvaluation.counted`` among threads: a rank's view of a shared world."""
+
+    def __init__(self, rank: int, shared: dict):
+        self.rank, self.shared = rank, shared
+
+    def _swap(self, value) -> list:
+        self.shared["slots"][self.rank] = value
+        self.shared["barrier"].wait()
+        every = list(self.shared["slots"])
+        self.shared["barrier"].wait()
+        return every
+
+    def all_gather_rows(self, rows, what):
+        return self._swap(rows)
+
+    def all_reduce_(self, tensor, what):
+        return tensor.copy_(sum(self._swap(tensor.clone())))
+
+
+def _counted_on_ranks(task, logits, labels, split, ranks=3):
+    """Each of ``ranks`` threads scores its share (vertices dealt at random) with ``PartEvaluation.counted``:
+    per rank its scores (or its ``TrainingError``) and the collapse reasons its check kept."""
+    owner = np.random.default_rng(1).integers(0, ranks, logits.shape[0])
+    shared, results = {"slots": [None] * ranks, "barrier": threading.Barrier(ranks, timeout=30)}, [None] * ranks
+
+    def one(rank):
+        mine, check = torch.from_numpy(np.flatnonzero(owner == rank)), EvaluationCheck(1)
+        world = types.SimpleNamespace(world=_ThreadWorld(rank, shared))
+        try:
+            results[rank] = PartEvaluation.counted(world, task, logits[mine], labels[mine], mine < split, check)
+        except TrainingError as exc:
+            results[rank] = exc
+        results[rank] = (results[rank], check.reasons)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(ranks)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "f1-macro", "f1-micro"])
+def test_ranks_adding_up_their_counts_score_as_one_process_scores_all_logits(metric):
+    generator = torch.Generator().manual_seed(0)
+    logits, labels = torch.randn(500, 5, generator=generator), torch.randint(-1, 5, (500,), generator=generator)
+    labels[:3] = 4  # one class only in a few labels: macro-F1 averages over the classes that occur
+    task, split = Task(False, 5, metric), 200
+    expected = scored(task, {"val": (logits[:split], labels[:split]), "test": (logits[split:], labels[split:])},
+                      EvaluationCheck(1))
+    assert all(result == expected for result, _ in _counted_on_ranks(task, logits, labels, split))
+    assert task.counted and not Task(True, 5, "accuracy").counted and not Task(False, 5, "rocauc").counted
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda logits: logits[:1].expand(logits.shape[0], -1), "every vertex given the same scores"),
+    (lambda logits: logits + torch.tensor([0.0, 0.0, 50.0, 0.0]), "one class (2) predicted for every vertex"),
+])
+def test_a_collapse_is_found_from_the_counts_as_from_all_logits(make, reason):
+    generator = torch.Generator().manual_seed(0)
+    logits, labels = make(torch.randn(300, 4, generator=generator)), torch.randint(0, 4, (300,), generator=generator)
+    task, check = Task(False, 4, "accuracy"), EvaluationCheck(1)
+    scored(task, {"val": (logits[:100], labels[:100]), "test": (logits[100:], labels[100:])}, check)
+    assert check.reasons == [reason]
+    assert [reasons for _, reasons in _counted_on_ranks(task, logits, labels, 100)] == [[reason]] * 3
+
+
+def test_non_finite_logits_on_one_rank_stop_every_rank():
+    logits, labels = torch.randn(90, 3), torch.randint(0, 3, (90,))
+    logits[7, 1] = float("nan")
+    results = _counted_on_ranks(Task(False, 3, "accuracy"), logits, labels, 50)
+    assert all(isinstance(r, TrainingError) and "1 of the 50 validation vertices" in str(r) for r, _ in results)
 
 
 class _Item:
@@ -153,6 +232,7 @@ def test_one_part_in_one_process_trains_as_the_whole_graph(graph, tmp_path):
     (dict(model="gcn"), "`gcn_norm` symmetric"),
     (dict(precision="bf16"), "`precision` bf16"),
     (dict(dataset="synthetic:nodes=100"), "give one of them"),
+    (dict(deal_by="parts"), "a partitioned run deals by its own parts"),
 ])
 def test_what_is_not_built_yet_is_refused_with_the_reason(tmp_path, settings, message):
     with pytest.raises(ConfigError) as caught:
@@ -160,6 +240,19 @@ def test_what_is_not_built_yet_is_refused_with_the_reason(tmp_path, settings, me
                                                   log_jsonl=str(tmp_path / "log.jsonl"), **settings))
     assert message in str(caught.value), str(caught.value)
     assert not (tmp_path / "log.jsonl").exists()  # refused before any output is made
+
+
+def test_dealing_by_a_partition_of_another_graph_or_part_count_is_refused(graph, tmp_path):
+    folder = _partition(graph, tmp_path / "p", 2, "random")
+    assert dealing_owners(folder, 2, graph.num_nodes).shape == (graph.num_nodes,)
+    with pytest.raises(ConfigError, match="holds 2 parts, but the run has 3 ranks"):
+        dealing_owners(folder, 3, graph.num_nodes)
+    with pytest.raises(ConfigError, match="the run's graph has 2,999"):
+        dealing_owners(folder, 2, graph.num_nodes - 1)
+    with pytest.raises(ConfigError, match="`task` link has no such run yet"):
+        neutronorch.train(neutronorch.TrainConfig(deal_by=str(folder), task="link", device="cpu", epochs=1,
+                                                  log_jsonl=str(tmp_path / "log.jsonl")))
+    assert not (tmp_path / "log.jsonl").exists()
 
 
 def test_the_command_line_asks_for_no_save_before_making_a_run_folder(tmp_path, capsys, monkeypatch):
@@ -212,8 +305,8 @@ def test_partitioned_training_in_a_process_group_the_caller_made(graph, tmp_path
     ("random", 4, ["--model", "gat", "--heads", "2", "--norm", "batch", "--residual"]),
 ])
 def test_ranks_on_parts_reproduce_the_full_copy_run_bit_for_bit(tmp_path, method, ranks, model):
-    # 301 training vertices in global batches of 2 x 50: the last holds one seed, and rank 1 none of it (with 4
-    # ranks, global batches of 4 x 25: ranks 1 to 3 have none of the last).
+    # 301 training vertices in global batches of 2 x 50 (4 x 25): the last holds one seed, so the other ranks
+    # have none of it. Each rank trains the seeds its part owns; the full-copy run deals them so (`--deal-by`).
     split = "ratio:0.10034,0.05"
     graph = load_dataset(GRAPH, split, 0)
     assert len(graph.train_idx) == 301
@@ -223,7 +316,7 @@ def test_ranks_on_parts_reproduce_the_full_copy_run_bit_for_bit(tmp_path, method
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--standalone", "-m",
               "neutronorch", "train", *args]
     runs = {}
-    for name, source in (("parts", ["--partitions", str(folder)]), ("full", ["--dataset", GRAPH, "--split", split])):
+    for name, source in (("parts", ["--partitions", str(folder)]), ("full", ["--dataset", GRAPH, "--split", split, "--deal-by", str(folder)])):
         done = subprocess.run([*launch, *source, "--log-jsonl", str(tmp_path / f"{name}.jsonl"), "--summary-json",
                                str(tmp_path / f"{name}.json")], capture_output=True, text=True, timeout=300,
                               env=_env())

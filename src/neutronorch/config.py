@@ -51,6 +51,11 @@ class TrainConfig:
         help="train on a partition folder (`neutronorch partition`) instead of `dataset`: rank r of a torchrun "
              "launch holds part r only and asks the other ranks for what it lacks; a node task in exact mode on "
              "the CPU, with --no-save (docs/distributed.md, \"Partitioned training\")")
+    deal_by: str | None = setting(
+        None, type=str, metavar="DIR",
+        help="data parallel on the whole graph: deal each global batch's seeds to the ranks by their part in the "
+             "partition folder DIR, as `--partitions DIR` deals them, so that the two runs' losses compare step "
+             "for step (docs/distributed.md, \"Partitioned training\")")
     task: str = setting(
         "node", choices=TASKS, short="node (classification) or link (prediction)",
         help="node: classify vertices by their labels; link: predict edges, trained on seed edges with drawn "

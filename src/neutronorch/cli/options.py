@@ -21,7 +21,7 @@ __all__ = ["RUN_FOLDER_KEYS", "TEMPORAL_ONLY", "build_parser"]
 # train's options by group, in the order --help-all lists them (by TrainConfig setting, and the command line's
 # own options); the advanced group takes every setting not placed here, in their order in TrainConfig's parts.
 TRAIN_GROUPS = [
-    ("data", None, ["dataset", "partitions", "task", "split", "split_index", "link_direction", "link_relation"]),
+    ("data", None, ["dataset", "partitions", "deal_by", "task", "split", "split_index", "link_direction", "link_relation"]),
     ("model", None, ["model", "layers", "hidden", "fanouts", "heads", "gcn_norm", "residual", "norm",
                      "architecture", "link_head"]),
     ("training", None, ["epochs", "batch_size", "lr", "seed", "weight_decay", "dropout", "patience",

@@ -82,6 +82,22 @@ def check_world(manifest: dict, world_size: int, folder) -> None:
                           f"again with --parts {world_size}.")
 
 
+def dealing_owners(folder: str | Path, world_size: int, num_nodes: int) -> np.ndarray:
+    """The owner of every vertex in the partition folder ``folder``, by which a full-copy run of ``world_size``
+    ranks on a graph of ``num_nodes`` vertices deals its seeds (``deal_by``), its checksum checked."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    check_world(manifest, world_size, folder)
+    if manifest["graph"]["num_nodes"] != num_nodes:
+        raise ConfigError(f"{folder}: is a partition of {manifest['graph']['name']} ({manifest['graph']['num_nodes']:,} "
+                          f"vertices), but the run's graph has {num_nodes:,}. Give the folder `neutronorch partition` "
+                          f"made of this graph.")
+    state = file_states(folder, manifest, ["part_of.npy"])["part_of.npy"]
+    if state != "ok":
+        raise DataError(f"{folder / 'part_of.npy'}: {state}. {AGAIN}")
+    return open_npy(folder / "part_of.npy", "an array of a partition", AGAIN)
+
+
 def file_states(folder: str | Path, manifest: dict, names=None) -> dict[str, str]:
     """Each file the manifest lists (or ``names`` of them): ok, missing, size differs, or checksum differs."""
     states = {}

@@ -13,6 +13,7 @@ import torch
 from neutronorch.capabilities import check_static
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
+from neutronorch.data.partition_files import dealing_owners
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.cache import FeatureCache, hotness_order
@@ -160,8 +161,9 @@ def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, 
                       lambda: auto_size([graph.features], [graph.indptr, graph.indices], shard[1] > 1),
                       device_rows)
     # A link task's graph carries its links (train/link_task.py's link_graph); its batches are seed edges.
+    owner = dealing_owners(config.deal_by, shard[1], graph.num_nodes) if config.deal_by is not None else None
     seeds = LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives) if link else \
-        NodeSeeds(graph, sampling)
+        NodeSeeds(graph, sampling, owner)
     return graph, sampling, FeatureAccess(device, store, placement, cache, pool), seeds
 
 
@@ -171,6 +173,9 @@ def typed_access(config: TrainConfig, graph: TypedGraph, device: torch.device, s
     """A typed graph's fanouts per relation (default ``config.fanouts`` for every relation), sampling
     settings, rows and batches' seeds (a link task's: its relation's edges, ``LinkEnds``)."""
     fanouts = typed_fanouts(graph, config.fanouts if fanouts is None else fanouts)
+    if config.deal_by is not None:
+        raise ConfigError(f"`deal_by` {config.deal_by}: a typed graph is not partitioned yet, so its seeds are "
+                          f"dealt by position; leave `deal_by` out.")
     sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1])
     stores = typed_stores(config, graph, fanouts, shard[1] > 1, on_host=config.mode != "device")
     # A link task's batches are seed edges of its relation, in its end types' stacked ids (``LinkEnds``).

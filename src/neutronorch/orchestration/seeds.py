@@ -1,7 +1,8 @@
 """The seed order of an epoch and its mini-batches: a pure function of (seed, epoch).
 
 Data parallel: mini-batch ``k`` is global, ``batch_size * world`` seeds of the epoch's order, and rank ``r``
-trains part ``r`` of it (``torch.tensor_split``: sizes differ by at most one). Its key is the global batch's
+trains part ``r`` of it (``torch.tensor_split``: sizes differ by at most one), or, dealt by owner, the seeds of
+it that part ``r`` of a partition owns (a partitioned run's, and ``deal_by``'s). Its key is the global batch's
 and samplers draw per vertex, so one process with ``batch_size * world`` samples what the ranks sample."""
 
 from __future__ import annotations
@@ -33,17 +34,28 @@ class SeedBatch:
 
 
 class NodeSeeds:
-    """A node task's mini-batches: the training vertices (a typed graph's target's) in the epoch's order."""
+    """A node task's mini-batches: the training vertices (a typed graph's target's) in the epoch's order.
+    ``owner``: the part of every vertex (``world`` parts); each global batch is then dealt by it, rank r
+    training the seeds part r owns, in the batch's order."""
 
-    def __init__(self, graph: Graph | TypedGraph, sampling: SamplingConfig):
-        self.graph, self.train_idx, self.sampling = graph, training_seeds(graph), sampling
+    def __init__(self, graph: Graph | TypedGraph, sampling: SamplingConfig, owner: np.ndarray | None = None):
+        self.graph, self.train_idx, self.sampling, self.owner = graph, training_seeds(graph), sampling, owner
         self.num_batches = -(-len(graph.train_idx) // (sampling.batch_size * sampling.world))
 
     def epoch(self, epoch: int) -> list[SeedBatch]:
         """Every mini-batch of ``epoch`` (a sequence, as ``LinkSeeds.epoch``'s)."""
         sampling = self.sampling
-        return [SeedBatch(rank_part(batch, sampling), batch_seeds=None if sampling.world == 1 else batch)
+        return [SeedBatch(self.parts(batch)[sampling.rank], batch_seeds=None if sampling.world == 1 else batch)
                 for batch in global_batches(self.train_idx, sampling, epoch)]
+
+    def parts(self, batch: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's seeds of the global ``batch`` (possibly none): by position, or by ``owner``."""
+        if self.sampling.world == 1:
+            return [batch]
+        if self.owner is None:
+            return list(torch.tensor_split(batch, self.sampling.world))
+        owners = torch.from_numpy(np.asarray(self.owner[batch.numpy()], dtype=np.int64))
+        return [batch[owners == rank] for rank in range(self.sampling.world)]
 
     def rank_shares(self, epoch: int) -> np.ndarray:
         """Per mini-batch of ``epoch``: ``world`` times this rank's share of the global batch's loss terms
@@ -52,7 +64,7 @@ class NodeSeeds:
         batches = global_batches(self.train_idx, sampling, epoch)
         shares = np.ones(len(batches))
         for k, batch in enumerate(batches):
-            terms = [self.graph.loss_terms(part.numpy()) for part in torch.tensor_split(batch, sampling.world)]
+            terms = [self.graph.loss_terms(part.numpy()) for part in self.parts(batch)]
             if sum(terms):
                 shares[k] = sampling.world * terms[sampling.rank] / sum(terms)
         return shares
@@ -69,11 +81,6 @@ class NodeSeeds:
 def training_seeds(graph: Graph | TypedGraph) -> torch.Tensor:
     """The training vertices as an int64 tensor (a small, writable copy of a possibly read-only map)."""
     return torch.from_numpy(np.array(graph.train_idx, dtype=np.int64))
-
-
-def rank_part(batch: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """This rank's part of a global batch (possibly empty)."""
-    return batch if sampling.world == 1 else torch.tensor_split(batch, sampling.world)[sampling.rank]
 
 
 def global_batches(train_idx: torch.Tensor, sampling: SamplingConfig, epoch: int) -> tuple[torch.Tensor, ...]:

@@ -108,6 +108,17 @@ def node_collapse(logits: torch.Tensor, labels: torch.Tensor, multilabel: bool) 
     return None
 
 
+def counted_collapse(counts: np.ndarray, tied_scores: bool) -> str | None:
+    """``node_collapse`` of one label per vertex from the split's counts by (label, predicted class) and
+    whether its labelled vertices' scores all tie: what ranks that each hold part of a split can add up."""
+    if np.count_nonzero(counts.sum(1)) < 2:
+        return None
+    if tied_scores:
+        return "every vertex given the same scores"
+    predicted = np.flatnonzero(counts.sum(0))
+    return f"one class ({int(predicted[0])}) predicted for every vertex" if predicted.size == 1 else None
+
+
 def link_collapse(scores) -> str | None:
     """Why a set's link scores (``link_metrics``' ``SharedScores`` or ``PerPositiveScores``) show a collapse,
     or None: every score equal, or most pairs (``MOST_TIED``) scored exactly alike, so that ties decide the

@@ -6,8 +6,10 @@ Layer l of a chunk of owned vertices reads all their in-neighbours (the part's o
 whole graph's full-neighbour sampler relabels them, and the previous layer's rows of those neighbours: the
 features for the first layer, then the rows each owner computed, fetched from it (``RemoteRows``). Every rank
 computes as many chunks as the rank with the most, so that every fetch is a collective of all ranks. The last
-layer is computed for the owned validation and test vertices only, and the logits, their positions and their
-labels are gathered: every rank scores all of them, as in a full-copy run."""
+layer is computed for the owned validation and test vertices only. Where the metric is a function of the class
+counts (accuracy, F1: ``Task.counted``), each rank counts its own vertices by (label, predicted class) and the
+counts are summed; otherwise the logits, their positions and labels are gathered and every rank scores all of
+them, as in a full-copy run. Either gives the full-copy run's checks (non-finite logits, a collapse)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from neutronorch.sampling.neighbor_sampler import relabel_into
 from neutronorch.sampling.partitioned import sample_rows
 from neutronorch.train.distributed import World
 from neutronorch.train.evaluate import eval_subset, scored
-from neutronorch.train.health import EvaluationCheck
+from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, counted_collapse, nonfinite_rows, tied
+from neutronorch.train.task import confusion, counted_score
 
 
 class PartEvaluation:
@@ -46,6 +49,8 @@ class PartEvaluation:
         logits = self.logits(model, nodes[positions], run.device, config.eval_batch_size, progress)
         labels = torch.from_numpy(np.asarray(part.labels[part.local(nodes[positions])], dtype=np.int64))
         positions = torch.from_numpy(positions)
+        if world.distributed and run.task.counted:
+            return self.counted(run.task, logits, labels, positions < val.shape[0], check)
         if world.distributed:
             positions = torch.cat(world.all_gather_rows(positions, "gathering the evaluation's positions"))
             logits = torch.cat(world.all_gather_rows(logits.contiguous(), "gathering the evaluation's logits"))
@@ -54,6 +59,38 @@ class PartEvaluation:
         logits, labels, split = logits[order], labels[order], val.shape[0]
         return scored(run.task, {"val": (logits[:split], labels[:split]), "test": (logits[split:], labels[split:])},
                       check)
+
+    def counted(self, task, logits: torch.Tensor, labels: torch.Tensor, in_val: torch.Tensor,
+                check: EvaluationCheck) -> dict[str, float]:
+        """The scores of this rank's ``logits`` of validation (``in_val``) and test vertices, and every other
+        rank's, from the counts all ranks add up: per split its (label, predicted class) counts, its rows, its
+        rows not finite, and whether its labelled rows all tie with the split's first (by position; each rank
+        offers its first labelled row, and the one of the lowest position is the reference)."""
+        splits = {"val": in_val, "test": ~in_val}
+        firsts = []
+        for index, mask in enumerate(splits.values()):
+            known = labels[mask] >= 0
+            position = torch.nonzero(mask).reshape(-1)[known][:1].double().unsqueeze(1)
+            first = logits[mask][known][:1].double()
+            firsts.append(torch.cat([torch.full_like(position, index), position, first], 1))
+        firsts = torch.cat(self.world.all_gather_rows(torch.cat(firsts), "gathering the evaluation's first rows"))
+        width = task.num_classes * task.num_classes
+        totals = torch.zeros(len(splits), width + 3, dtype=torch.int64)
+        for index, mask in enumerate(splits.values()):
+            rows, known = logits[mask], labels[mask] >= 0
+            offered = firsts[firsts[:, 0] == index]
+            reference = offered[offered[:, 1].argmin(), 2:].float() if offered.shape[0] else None
+            counts = confusion(rows.argmax(1).numpy(), labels[mask].numpy(), task.num_classes)
+            untied = reference is not None and not tied(rows[known], reference)
+            totals[index] = torch.tensor([*counts.reshape(-1), rows.shape[0], nonfinite_rows(rows), int(untied)])
+        totals = self.world.all_reduce_(totals, "adding up the evaluation's counts").numpy()
+        scores = {}
+        for index, name in enumerate(splits):
+            counts, (rows, bad, untied) = totals[index, :width].reshape(task.num_classes, -1), totals[index, width:]
+            check.nonfinite(int(bad), int(rows), SPLIT_NAMES.get(name, name), "logits", "vertices")
+            check.collapsed(counted_collapse(counts, untied == 0) if rows >= 2 else None)
+            scores[name] = counted_score(task.metric, counts)
+        return scores
 
     @torch.no_grad()
     def logits(self, model, nodes: np.ndarray, device: torch.device, chunk_size: int, progress=None) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """``train --partitions DIR``: training on a partition folder (``neutronorch partition``), launched with one
 rank per part (docs/distributed.md, "Partitioned training"). Rank r loads part r and the global arrays only.
-Its mini-batches are the full-copy data-parallel run's (the root's split files in the epoch's order, global
-batch k split by rank as ``orchestration/seeds.py`` splits it), sampled across the parts with the global
-batch's key (``sampling/partitioned.py``), their rows and labels fetched from their owners
+Its global mini-batches are the full-copy data-parallel run's (the root's split files in the epoch's order),
+and rank r trains the seeds of each that part r owns (``orchestration/seeds.py``, as a full-copy run with
+``deal_by`` deals them), sampled across the parts with the global batch's key (``sampling/partitioned.py``), their rows and labels fetched from their owners
 (``orchestration/remote_rows.py``); gradients are averaged as in any data-parallel run, and evaluation runs the
 full-neighbour inference across the parts (``part_eval.py``). What is not built yet is refused, saying so."""
 
@@ -54,6 +54,12 @@ WHY = "(docs/distributed.md, \"Partitioned training\")"
 
 def check_request(config: TrainConfig, graph, model, options, device: torch.device) -> None:
     """Refuse, before any output is made, what a partitioned run cannot do yet, each with the reason."""
+    if config.deal_by is not None and (config.partitions is not None or config.task != "node"):
+        raise ConfigError(f"`deal_by` {config.deal_by}: deals a node task's seeds on the whole graph as a "
+                          f"partitioned run deals them; " + ("a partitioned run deals by its own parts" if
+                                                             config.partitions is not None else
+                                                             f"`task` {config.task} has no such run yet")
+                          + ". Leave `deal_by` out.")
     if config.partitions is None:
         return
 
@@ -183,7 +189,7 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     placement = Placement("cpu", None, 0, "host", "host", 0, "none", topology, part.features.nbytes, 0)
     access = FeatureAccess(device, FeatureStore(part.features, part.labels), placement, None, None)
     loader = PartitionedLoader(access, RemoteRows(part, sampling_exchange), spans)
-    mode = PartitionedMode(world, evaluation_exchange, NodeSeeds(graph, sampling),
+    mode = PartitionedMode(world, evaluation_exchange, NodeSeeds(graph, sampling, part.part_of),
                            lambda: PartitionedSampler(part, sampling_exchange, sampling.fanouts), loader, sampling,
                            spans, threads.sampler)
     stack.callback(mode.close)

@@ -81,6 +81,12 @@ class Task:
         """Class ids (int64), or a 0/1 row per vertex (int8) for a multi-label task."""
         return (logits > 0).to(torch.int8) if self.multilabel else logits.argmax(1)
 
+    @property
+    def counted(self) -> bool:
+        """Whether the metric is a function of the class counts (``confusion``): one label per vertex, scored
+        by accuracy or F1. Ranks holding parts of a split may then add up their counts."""
+        return not self.multilabel and self.metric != "rocauc"
+
     def score(self, logits: torch.Tensor, labels: torch.Tensor) -> float:
         """The metric of ``logits`` against ``labels`` over labelled vertices (known entries); NaN if none."""
         return score(self.metric, self.multilabel, self.num_classes,
@@ -112,12 +118,28 @@ def score(metric: str, multilabel: bool, num_classes: int, probabilities: np.nda
         areas = [roc_auc(probabilities[:, c], (labels == c).astype(np.int64)) for c in range(num_classes)]
         areas = [a for a in areas if not np.isnan(a)]
         return float(np.mean(areas)) if areas else float("nan")
-    predicted = probabilities.argmax(1)
-    if metric in ("accuracy", "f1-micro"):  # one label per vertex: micro-F1 is the accuracy
-        return float((predicted == labels).mean())
-    one_hot = lambda ids: np.eye(num_classes, dtype=np.int64)[ids]  # noqa: E731
-    return _f1(one_hot(predicted), one_hot(labels), np.ones((labels.shape[0], num_classes), bool), micro=False,
-               present=np.union1d(predicted, labels))
+    return counted_score(metric, confusion(probabilities.argmax(1), labels, num_classes))
+
+
+def confusion(predicted: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """The labelled vertices' counts by (label, predicted class): int64, ``num_classes`` square."""
+    labelled = labels >= 0
+    pairs = labels[labelled].astype(np.int64) * num_classes + predicted[labelled]
+    return np.bincount(pairs, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
+
+
+def counted_score(metric: str, counts: np.ndarray) -> float:
+    """Accuracy or F1 of one label per vertex from its ``confusion`` counts; NaN if none. Micro-F1 is the
+    accuracy; macro-F1 is averaged over the classes that occur, labelled or predicted (as scikit-learn)."""
+    total = int(counts.sum())
+    if total == 0:
+        return float("nan")
+    if metric in ("accuracy", "f1-micro"):
+        return float(np.trace(counts) / total)
+    tp = np.diag(counts)
+    fp, fn = counts.sum(0) - tp, counts.sum(1) - tp
+    per_class = np.where(2 * tp + fp + fn > 0, 2 * tp / np.maximum(1, 2 * tp + fp + fn), 0.0)
+    return float(per_class[np.flatnonzero(counts.sum(0) + counts.sum(1))].mean())
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -135,10 +157,9 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float((ranks[positives].sum() - p * (p + 1) / 2.0) / (p * n))
 
 
-def _f1(predicted: np.ndarray, labels: np.ndarray, known: np.ndarray, micro: bool,
-        present: np.ndarray | None = None) -> float:
+def _f1(predicted: np.ndarray, labels: np.ndarray, known: np.ndarray, micro: bool) -> float:
     """F1 of 0/1 matrices over the ``known`` entries: pooled over all columns (micro) or averaged over
-    columns (macro; over ``present`` ones if given, as scikit-learn averages over the labels that occur)."""
+    columns (macro)."""
     tp = ((predicted == 1) & (labels == 1) & known).sum(0)
     fp = ((predicted == 1) & (labels == 0) & known).sum(0)
     fn = ((predicted == 0) & (labels == 1) & known).sum(0)
@@ -146,5 +167,4 @@ def _f1(predicted: np.ndarray, labels: np.ndarray, known: np.ndarray, micro: boo
         denominator = 2 * tp.sum() + fp.sum() + fn.sum()
         return float(2 * tp.sum() / denominator) if denominator else float("nan")
     per_column = np.where(2 * tp + fp + fn > 0, 2 * tp / np.maximum(1, 2 * tp + fp + fn), 0.0)
-    columns = present if present is not None else np.arange(per_column.shape[0])
-    return float(per_column[columns].mean()) if columns.size else float("nan")
+    return float(per_column.mean()) if per_column.size else float("nan")
