@@ -145,7 +145,7 @@ def test_bfloat16_rows_and_a_part_that_owns_nothing(tmp_path):
     graph.features = narrowed(graph.features, "bfloat16", "test")
     part_of = np.zeros(graph.num_nodes, dtype=np.int32)
     part_of[::2] = 2  # part 1 owns nothing, so its rank only asks
-    write_partition(graph, part_of, 3, tmp_path / "p", "random", 0, "test")
+    write_partition(graph, (part_of, []), 3, tmp_path / "p", "random", 0, "test")
 
     def rank(r, exchange):
         pairs, sampler = sample_all(graph, tmp_path / "p", 3, r, exchange, [3, -1])

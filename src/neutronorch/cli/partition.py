@@ -48,8 +48,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
     check_graph(graph, args.dataset, args.parts)
     check_space("out", target, sum(int(a.nbytes) for a in graph.arrays() if a is not None) + graph.num_nodes * 24)
     say(f"assigning {graph.num_nodes:,} vertices to {args.parts} parts ({args.method})")
-    part_of = assign(graph, args.parts, args.method, args.seed, say)
-    manifest = write_partition(graph, part_of, args.parts, target, args.method, args.seed, args.dataset, say)
+    assigned = assign(graph, args.parts, args.method, args.seed, say)
+    manifest = write_partition(graph, assigned, args.parts, target, args.method, args.seed, args.dataset, say)
     cut = manifest["edge_cut"]
     print(f"wrote {args.parts} parts of {graph.name} ({args.method}) to {args.out} in "
           f"{time.perf_counter() - t0:.1f}s; edge cut {cut['edges']:,} of {graph.num_edges:,} edges "
