@@ -50,7 +50,7 @@ class TrainConfig:
         None, type=str, metavar="DIR",
         help="train on a partition folder (`neutronorch partition`) instead of `dataset`: rank r of a torchrun "
              "launch holds part r only and asks the other ranks for what it lacks; a node task in exact mode on "
-             "the CPU, with --no-save (docs/distributed.md, \"Partitioned training\")")
+             "the CPU (docs/distributed.md, \"Partitioned training\")")
     task: str = setting(
         "node", choices=TASKS, short="node (classification) or link (prediction)",
         help="node: classify vertices by their labels; link: predict edges, trained on seed edges with drawn "
