@@ -1,13 +1,18 @@
 """Checkpoints of a partitioned run (`train --partitions DIR --checkpoint-dir CK`): every rank writes its own
 file (rank 0 `last.pt`, the model prediction reads, rank r `last.rank-r.pt`) naming the partition; a run
 stopped mid-epoch and resumed gives the uninterrupted run's per-step losses and accuracy bit for bit; a resume
-on another partition or part count, or with a rank's file missing, is refused on every rank before training."""
+on another partition or part count, or with a rank's file missing, is refused on every rank before training;
+and a rank that is killed makes the others fail with a message, not hang."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -149,3 +154,41 @@ def test_ranks_stopped_mid_epoch_resume_bit_for_bit_and_refuse_what_does_not_fit
     with pytest.raises(CheckpointError, match="part count 2 then, 1 now.*2 ranks"):
         neutronorch.train(neutronorch.TrainConfig(partitions=str(one), **SETTINGS, epochs=3, resume=True,
                                                   checkpoint_dir=str(tmp_path / "ck")))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_killed_rank_makes_the_other_fail_with_a_message_not_hang(tmp_path):
+    graph = load_dataset(GRAPH)
+    folder = _partition(graph, tmp_path / "parts", 2)
+    log = tmp_path / "log.jsonl"
+    args = [sys.executable, "-m", "neutronorch", "train", "--partitions", str(folder), "--hidden", "16", "--fanouts",
+            "4,4", "--threads", "1", "--sampler-threads", "1", "--no-progress", "--device", "cpu", "--log-every", "1",
+            "--epochs", "100", "--batch-size", "16", "--dist-timeout", "60", "--log-jsonl", str(log),
+            "--checkpoint-dir", str(tmp_path / "ck")]
+    env = {**_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
+           "LOCAL_WORLD_SIZE": "2"}
+    ranks = [subprocess.Popen(args, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 25):
+            time.sleep(0.1)  # past the first epoch and its checkpoints: into the second
+        assert ranks[0].poll() is None and ranks[1].poll() is None
+        ranks[1].send_signal(signal.SIGKILL)  # mid-epoch, amid its producer's exchanges and the all-reduces
+        start = time.monotonic()
+        _, err = ranks[0].communicate(timeout=120)
+        assert ranks[0].returncode != 0
+        assert time.monotonic() - start < 60  # well within --dist-timeout: the peer's socket closed
+        assert "neutronorch: error (rank 0): rank 0 of 2:" in err, err[-3000:]
+        assert "Another rank failed or stopped answering within --dist-timeout (60 s)" in err, err[-3000:]
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
+            rank.communicate()
