@@ -228,7 +228,6 @@ def test_one_part_in_one_process_trains_as_the_whole_graph(graph, tmp_path):
     (dict(split="ratio:0.5,0.2"), "`split` ratio:0.5,0.2"),
     (dict(eval_fanouts=[5, 5]), "`eval_fanouts`"),
     (dict(normalize_features="row"), "`normalize_features` row"),
-    (dict(checkpoint_dir="ck"), "Checkpoints of a partitioned run are not written yet"),
     (dict(model="gcn"), "`gcn_norm` symmetric"),
     (dict(precision="bf16"), "`precision` bf16"),
     (dict(dataset="synthetic:nodes=100"), "give one of them"),
@@ -255,12 +254,16 @@ def test_dealing_by_a_partition_of_another_graph_or_part_count_is_refused(graph,
     assert not (tmp_path / "log.jsonl").exists()
 
 
-def test_the_command_line_asks_for_no_save_before_making_a_run_folder(tmp_path, capsys, monkeypatch):
+def test_the_command_line_keeps_a_partitioned_run_in_a_run_folder_named_after_the_parts(graph, tmp_path,
+                                                                                         monkeypatch):
     from neutronorch.cli import main  # noqa: PLC0415
+    folder = _partition(graph, tmp_path / "parts", 1, "random")
     monkeypatch.chdir(tmp_path)
-    assert main(["train", "--partitions", str(tmp_path / "parts"), "--epochs", "1"]) == 2
-    assert "add --no-save" in capsys.readouterr().err
-    assert list(tmp_path.iterdir()) == []  # no run folder
+    assert main(["train", "--partitions", str(folder), "--epochs", "1", "--hidden", "8", "--fanouts", "3,3",
+                 "--threads", "1", "--no-progress", "--device", "cpu"]) == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.endswith("-sage-parts"), run.name
+    assert (run / "last.pt").is_file() and (run / "best.pt").is_file() and (run / "summary.json").is_file()
 
 
 def test_a_world_size_other_than_the_part_count_is_refused(graph, tmp_path):

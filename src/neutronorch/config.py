@@ -50,7 +50,7 @@ class TrainConfig:
         None, type=str, metavar="DIR",
         help="train on a partition folder (`neutronorch partition`) instead of `dataset`: rank r of a torchrun "
              "launch holds part r only and asks the other ranks for what it lacks; a node task in exact mode on "
-             "the CPU, with --no-save (docs/distributed.md, \"Partitioned training\")")
+             "the CPU (docs/distributed.md, \"Partitioned training\")")
     deal_by: str | None = setting(
         None, type=str, metavar="DIR",
         help="data parallel on the whole graph: deal each global batch's seeds to the ranks by their part in the "

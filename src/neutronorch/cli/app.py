@@ -104,9 +104,6 @@ def _outputs(config: TrainConfig, run_name, save, config_file: list, rank: int |
         if config_file:  # train() checks its outputs against the dataset; the file is ours
             check_distinct({"config": config_file}, run_outputs(config))
         return config, None
-    if config.partitions is not None:  # refused by train() once a run folder had been made: said before
-        raise ConfigError("--partitions: a partitioned run writes no checkpoints yet, so it takes no run folder; "
-                          "add --no-save, with --summary-json or --log-jsonl for its results.")
     if rank:  # another rank of a data-parallel run: rank 0 makes the folder and writes what goes into it
         return dataclasses.replace(config, checkpoint_dir=str(RUNS / (run_name or generated_run_name(config)))), None
     return open_run_folder(config, run_name, {"config": config_file} if config_file else None)

@@ -35,12 +35,14 @@ _KIND_READERS = {HOMOGENEOUS: ("a homogeneous graph's run", "a homogeneous graph
 def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Graph | TypedGraph, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, epoch: int, history: list[dict], position: dict,
                     best: dict | None = None, mode_state: dict | None = None, world_size: int = 1,
-                    mode_choice: dict | None = None, fingerprint: dict | None = None, typed=None) -> Path:
+                    mode_choice: dict | None = None, fingerprint: dict | None = None, typed=None,
+                    partition: dict | None = None) -> Path:
     """Write a checkpoint atomically (temporary file, fsync, rename). It holds the random state, so a run
     resumed from it draws the dropout masks the uninterrupted run would have drawn. ``position``: steps of
     ``epoch`` done and the float32 sum of their losses (all of them when the epoch is complete). A typed
     graph's run gives ``typed``: (its tables' optimizer or None, fanouts per relation, its ``TypedTables`` or
-    None, optimizer steps taken: the version of memory-mapped tables' files)."""
+    None, optimizer steps taken: the version of memory-mapped tables' files). A rank of a partitioned run gives
+    ``partition``: the partition's ``id``, its ``part`` and the ``parts`` (``train/part_checkpoint.py``)."""
     device = next(model.parameters()).device
     state = {
         "format_version": FORMAT_VERSION,
@@ -58,6 +60,7 @@ def save_checkpoint(path: str | os.PathLike, *, config: TrainConfig, graph: Grap
         # mode auto: the mode chosen, why and from what (the config holds the chosen mode, which a resumed
         # auto run keeps); None where the mode was given.
         "mode_choice": mode_choice,
+        **({"partition": partition} if partition is not None else {}),
     }
     if typed is None:
         return write_atomically(path, lambda f: torch.save(state, f))
@@ -192,10 +195,13 @@ CHECKPOINT_PARTS = {
                          "the embedding tables' optimizer (a dict holding a `state` dict, or None)"),
     "fanouts": (lambda v: isinstance(v, list) and all(isinstance(f, list) and len(f) == 2 for f in v),
                 "a list of [relation, fanouts] pairs"),
+    "partition": (lambda v: isinstance(v, dict) and isinstance(v.get("id"), str) and _is_int(v.get("part"))
+                  and _is_int(v.get("parts")), "the partition's `id`, `part` and `parts` (a dict)"),
 }
-# Parts a checkpoint may lack: written before they existed, read only when a run resumes, or (the last two)
-# a typed one's alone.
-OPTIONAL_PARTS = ("best", "mode_state", "position", "rng", "world_size", "mode_choice", "tables_optimizer", "fanouts")
+# Parts a checkpoint may lack: written before they existed, read only when a run resumes, a partitioned run's
+# alone (``partition``), or (the last two) a typed one's alone.
+OPTIONAL_PARTS = ("best", "mode_state", "position", "rng", "world_size", "mode_choice", "partition",
+                  "tables_optimizer", "fanouts")
 FINGERPRINT_KEYS = {"name": str, "nodes": int, "edges": int, "feature_dim": int, "classes": int}
 TYPED_FINGERPRINT_KEYS = {"name": str, "num_nodes": dict, "edges": dict, "feature_dims": dict, "target": str,
                           "classes": int}

@@ -25,6 +25,18 @@ from neutronorch.train.output_guard import (LOCK_NAME, check_creatable, check_di
                                               check_name_lengths, check_nothing_set_aside, check_space)
 
 CHECKPOINT_FILES = ("last.pt", "best.pt")
+RANK_FILE = re.compile(r"last\.rank-[1-9][0-9]*\.pt")  # a partitioned run's rank r > 0 (``rank_file``)
+
+
+def rank_file(rank: int) -> str:
+    """The file of ``last.pt`` that rank ``rank`` of a partitioned run writes: ``last.pt`` itself for rank 0
+    (the model that prediction reads), ``last.rank-R.pt`` for the others (docs/distributed.md)."""
+    return "last.pt" if rank == 0 else f"last.rank-{rank}.pt"
+
+
+def rank_files(folder: Path) -> list[Path]:
+    """The files of ranks > 0 of a partitioned run in ``folder``, as they exist now."""
+    return sorted(p for p in folder.glob("last.rank-*.pt") if RANK_FILE.fullmatch(p.name)) if folder.is_dir() else []
 OUTPUT_FIELDS = ("summary_json", "checkpoint_dir", "log_jsonl", "log_csv", "tensorboard", "timeline", "console_log",
                  "curves")
 BESIDE = ("timeline", "console_log", "curves")  # outputs named beside a run folder (they make none of their own)
@@ -38,7 +50,8 @@ def run_outputs(config: TrainConfig) -> dict[str, list[Path]]:
     if config.timeline:
         outputs["timeline"] = [Path(config.timeline), Path(config.timeline).with_suffix(".spans.json")]
     if config.checkpoint_dir:
-        outputs["checkpoint_dir"] = [Path(config.checkpoint_dir) / name for name in CHECKPOINT_FILES]
+        folder = Path(config.checkpoint_dir)  # and an earlier partitioned run's other ranks' files
+        outputs["checkpoint_dir"] = [folder / name for name in CHECKPOINT_FILES] + rank_files(folder)
     return outputs
 
 
@@ -195,13 +208,14 @@ def names_outputs(config: TrainConfig) -> bool:
 
 def generated_run_name(config: TrainConfig, now: time.struct_time | None = None) -> str:
     """A UTC time stamp, the model and the dataset's short name (``synthetic``, ``Cora`` for
-    ``pyg:Cora@~/data``, a path's last part): ``2026-12-03T07-15-02-sage-synthetic``."""
-    if config.dataset.startswith("synthetic"):
+    ``pyg:Cora@~/data``, a path's last part; a partitioned run's folder's): ``2026-12-03T07-15-02-sage-synthetic``."""
+    source = config.partitions or config.dataset
+    if source.startswith("synthetic"):
         word = "synthetic"
-    elif config.dataset.startswith("pyg:"):
-        word = config.dataset[4:].partition("@")[0]
+    elif source.startswith("pyg:"):
+        word = source[4:].partition("@")[0]
     else:
-        word = Path(config.dataset.rstrip("/\\")).name
+        word = Path(source.rstrip("/\\")).name
         for suffix in (".gz", ".npz", ".txt", ".tsv", ".edges"):
             word = word.removesuffix(suffix)
     word = re.sub(r"[^A-Za-z0-9._-]+", "-", word).strip("-.")[:40] or "data"

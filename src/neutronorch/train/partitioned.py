@@ -40,6 +40,7 @@ from neutronorch.sampling.partitioned import PartitionedSampler
 from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
 from neutronorch.train.optim import Adam
+from neutronorch.train.part_checkpoint import attach_checkpoints
 from neutronorch.train.part_eval import PartEvaluation
 from neutronorch.train.part_exchange import GlooExchange
 from neutronorch.train.run import Run
@@ -84,9 +85,6 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
     if given:
         raise refuse(", ".join(given), "Leave it out: the partition holds its split and rows as written, and "
                      "evaluation runs full-neighbour inference across the parts.")
-    if config.resume or config.checkpoint_dir:
-        raise refuse("`resume` or `checkpoint_dir`", "Checkpoints of a partitioned run are not written yet: train "
-                     "with --no-save (the summary and logs still go where --summary-json and --log-jsonl say).")
     if needs_degrees(config.model, config.gcn_norm):
         raise refuse(f"`model` gcn with `gcn_norm` {config.gcn_norm}", "A part knows only its own vertices' "
                      "degrees; give `gcn_norm` mean, or `model` sage or gat.")
@@ -198,7 +196,7 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     logger.info(f"mode {mode.name}, model {config.model}, fanouts {config.fanouts}, device {device}, batch size "
                 f"{config.batch_size}, train threads {threads.train}, {mode.describe()}")
     util = stack.enter_context(contextlib.closing(Utilisation(device)))
-    metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=False)))
+    metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
     logger.info(f"task: {task.describe()}")
     own = np.asarray(part.labels[part.local(part.splits["train_idx"])])
     train_labels = (torch.cat(world.all_gather_rows(torch.from_numpy(own.astype(np.int64)),
@@ -211,6 +209,7 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     if world.distributed:
         run.sync = GradientSync(world, list(model.parameters()), stop, mode.averaged_gradients)
         run.stop = run.sync.agreed  # every rank stops after the same step
+    attach_checkpoints(run, part, world)  # each rank's own file, and with `resume`, every rank's checked
     return run
 
 

@@ -18,7 +18,7 @@ from neutronorch.atomic import host_tag
 from neutronorch.config import TrainConfig
 from neutronorch.errors import OutputError
 from neutronorch.train.output_guard import SET_ASIDE, check_fresh, claim_folder
-from neutronorch.train.outputs import CHECKPOINT_FILES, run_outputs
+from neutronorch.train.outputs import CHECKPOINT_FILES, rank_files, run_outputs
 from neutronorch.train.table_files import table_folders
 
 logger = logging.getLogger("neutronorch")
@@ -116,8 +116,8 @@ def claim_outputs(config: TrainConfig, writes: bool = True) -> Iterator[Replacem
     with contextlib.ExitStack() as stack:
         if writes and config.checkpoint_dir:
             folder = stack.enter_context(claim_folder("checkpoint_dir", config.checkpoint_dir))
-            check_fresh({"checkpoint_dir": [folder / name for name in CHECKPOINT_FILES]}, config.overwrite,
-                        config.resume)
+            check_fresh({"checkpoint_dir": [folder / name for name in CHECKPOINT_FILES] + rank_files(folder)},
+                        config.overwrite, config.resume)
         try:
             if writes and config.overwrite and not config.resume:
                 replacement.set_aside()

@@ -32,7 +32,7 @@ from neutronorch.data.times import has_vertex_times
 from neutronorch.train.temporal_links import evaluate_timed_links
 from neutronorch.train.temporal_nodes import evaluate_timed_nodes, timed_nodes
 from neutronorch.train.optim import Adam
-from neutronorch.train.outputs import save_or_rescue, write_summary
+from neutronorch.train.outputs import rank_file, save_or_rescue, write_summary
 from neutronorch.train.replacing import Replacement
 from neutronorch.train.summary import (MetricLog, named_scores, summarise, topology_in_file_order,
                                        write_run_curves, write_run_timeline)
@@ -98,6 +98,7 @@ class Run:
     timed_graph: Graph | None = None  # a node task by vertex times: the graph as sampled (evaluation's)
     appearance: Appearance | None = None  # a temporal link task's: when each vertex exists (its negatives')
     partitioned: object = None  # a run on a partition folder: its evaluation across the parts (``part_eval.py``)
+    partition: dict | None = None  # and the partition's id, this rank's part and the parts, which checkpoints hold
 
     def evaluate(self, epoch: int, progress=None) -> dict[str, float]:
         """The metric on the validation and test sets: {"val": ..., "test": ...}; ``progress(layer, done,
@@ -135,7 +136,11 @@ class Run:
         step, loss_sum, counts = position if position is not None else (self.mode.num_batches, 0.0, None)
         self.metrics.flush()
         mode_state = self.mode.state_dict()
-        if self.world.distributed:  # every rank's (NeutronOrch's hot sets differ); rank 0 writes them all
+        if self.partition is not None:  # every rank its own last.pt (part_checkpoint.py); best.pt rank 0 alone
+            if not self.world.main and name != "last.pt":
+                return
+            name = rank_file(self.world.rank) if name == "last.pt" else name
+        elif self.world.distributed:  # every rank's (NeutronOrch's hot sets differ); rank 0 writes them all
             states = self.world.gather_objects(mode_state, f"gathering the mode state for {name}")
             if not self.world.main:
                 return
@@ -147,6 +152,7 @@ class Run:
             best=self.best, position={"step": step, "loss_sum": loss_sum, **({"counts": counts} if counts else {})},
             mode_state=mode_state,
             world_size=self.world.size, mode_choice=self.mode_choice, fingerprint=self.fingerprint,
+            partition=self.partition,
             typed=typed and (typed.sparse, typed.sampler.fanouts, typed.tables,
                              epoch * self.mode.num_batches + step))
         summary = self.config.summary_json  # a full disk: rescued beside the summary (``save_or_rescue``)
@@ -180,7 +186,8 @@ class Run:
             if typed is not None and typed.sparse is not None:
                 typed.sparse.load_state_dict(state["tables_optimizer"]["state"])
             mode_state = state["mode_state"]
-            self.mode.load_state_dict(mode_state["ranks"][self.world.rank] if self.world.distributed else mode_state)
+            gathered = self.world.distributed and self.partition is None  # a partitioned rank's file is its own
+            self.mode.load_state_dict(mode_state["ranks"][self.world.rank] if gathered else mode_state)
             self.history, best = list(state["history"]), dict(state["best"])
             if "val_acc" in best:  # written before the metric was a setting: accuracy under its old keys
                 best = {"val": best["val_acc"], "test": best["test_acc"], "epoch": best["epoch"]}
@@ -287,7 +294,8 @@ FINGERPRINT_NAMES = {"name": "the name", "nodes": "the vertex count", "edges": "
                      "labels_crc": "the labels", "val_crc": "the validation split", "test_crc": "the test split",
                      "num_nodes": "the vertex counts", "feature_dims": "the feature widths",
                      "target": "the target type", "edge_features_crc": "the edge features",
-                     "edge_time_crc": "the edge times", "node_time_crc": "the vertex times"}
+                     "edge_time_crc": "the edge times", "node_time_crc": "the vertex times",
+                     "partition": "the partition"}
 
 
 def fingerprint_changes(saved: dict, now: dict) -> list[str]:
