@@ -25,6 +25,7 @@ from neutronorch.sampling.partitioned import sample_rows
 from neutronorch.train.distributed import World
 from neutronorch.train.evaluate import eval_subset, scored
 from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, counted_collapse, nonfinite_rows, tied
+from neutronorch.train.resources import return_freed_memory
 from neutronorch.train.task import confusion, counted_score
 
 
@@ -40,6 +41,7 @@ class PartEvaluation:
     def evaluate(self, run, check: EvaluationCheck, progress=None) -> dict[str, float]:
         """``Run.evaluate``'s scores ({"val": ..., "test": ...}) of a partitioned run."""
         config, model, part, world = run.config, run.model, self.part, self.world
+        return_freed_memory()  # the epoch's batches: freed, and the layer rows below are as large
         if world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
             world.broadcast_module(model, "the buffers' broadcast before evaluation", buffers_only=True)
         val = eval_subset(part.global_splits["val_idx"], config.eval_max_nodes, config.seed)

@@ -144,6 +144,19 @@ def resident_mb() -> dict[str, float]:
             for words in fields if words and words[0] in kinds}
 
 
+def return_freed_memory() -> bool:
+    """Hand the heap's free pages back to the system now (glibc's ``malloc_trim``, which ``keep_freed_memory``'s
+    thresholds do not stop); whether it applied. For a phase that follows a larger one: a partitioned rank's
+    evaluation, whose layer rows would otherwise sit beside the freed batches of its epoch."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return False  # not glibc: nothing to trim
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
+    return True
+
+
 def keep_freed_memory() -> bool:
     """Configure glibc malloc to recycle large blocks; return whether it applied (glibc only)."""
     if os.environ.get("NEUTRONORCH_SYSTEM_MALLOC") == "1":
