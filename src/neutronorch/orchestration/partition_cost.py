@@ -1,0 +1,305 @@
+"""A cost model of partitioned training's bytes between ranks (docs/distributed.md, "Cost model"): per epoch and
+rank, what the exchanges of ``sampling/partitioned.py`` (per hop: the ids, their counts, the neighbours),
+``orchestration/remote_rows.py`` (the ids, the feature rows, the seeds' labels) and ``train/part_eval.py``
+(per layer and chunk, the remote in-neighbours' rows) send, as ``sampling/exchange.py`` counts them.
+
+The frontier of a hop is modelled per class of vertices of one (in-degree, out-degree) pair, and per cohort (the
+hop a vertex joined the frontier at): a frontier vertex draws min(in-degree, fanout) of its in-neighbours, of
+which the ones it already drew at earlier hops, and the one it was reached from, add nothing new; the fresh draws
+land on a vertex with probability in proportion to its out-degree, so among d draws a vertex of out-degree o
+outside the frontier joins it with probability 1 - exp(-d o / (sum of out-degrees)). A draw from a vertex of
+this rank's part lands on another part with probability ``cut`` (the part's cut in-edges over its in-edges); a
+draw from another part's vertex lands here with probability cut / (K - 1). A ``hot`` share of the bottom
+layer's frontier (a NeutronOrch plan across parts, not built) takes a row of ``hidden`` floats from its owner
+instead of its last hop's draws and their feature rows. The model's bytes are expected values: a rank sends what
+it receives, up to the parts' imbalance."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from neutronorch.errors import ConfigError
+from neutronorch.sampling.exchange import SIZE_BYTES
+
+ID_BYTES, COUNT_BYTES, FLOAT_BYTES = 8, 4, 4  # an asked id (int64), a drawn count (int32), a hidden row's entry
+DEALINGS = ("owner", "position")
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """The vertices by class: per class its in-degree, out-degree, vertices and training vertices."""
+
+    in_deg: np.ndarray
+    out_deg: np.ndarray
+    count: np.ndarray
+    train: np.ndarray
+
+    @classmethod
+    def uniform(cls, nodes: int, edges: int, train: int) -> "Degrees":
+        """One class: every vertex with the mean degree (an assumption where the degrees are not known)."""
+        mean = np.array([edges / nodes])
+        return cls(mean, mean, np.array([float(nodes)]), np.array([float(train)]))
+
+    @classmethod
+    def of(cls, in_deg: np.ndarray, out_deg: np.ndarray, train_idx: np.ndarray) -> "Degrees":
+        """The classes of a graph whose vertex v has ``in_deg[v]``, ``out_deg[v]``; ``train_idx`` its training
+        vertices."""
+        width = int(out_deg.max(initial=0)) + 1
+        keys = np.asarray(in_deg, np.int64) * width + np.asarray(out_deg, np.int64)
+        classes, inverse, count = np.unique(keys, return_inverse=True, return_counts=True)
+        train = np.bincount(inverse[np.asarray(train_idx, np.int64)], minlength=classes.shape[0])
+        return cls((classes // width).astype(float), (classes % width).astype(float), count.astype(float),
+                   train.astype(float))
+
+
+@dataclass(frozen=True)
+class CostInputs:
+    """What the model reads. ``cut``: the fraction of the in-edges whose source another part owns (``part_cut``:
+    per part, else ``cut`` for every part); ``part_nodes``, ``part_train``, ``part_eval``: per part its vertices,
+    training vertices, validation and test vertices (else an equal share). ``batch_size``: seeds per rank and
+    batch; ``dealing``: how a global batch of ``batch_size * ranks`` seeds is dealt to the ranks
+    (``orchestration/seeds.py``): ``owner`` (each rank trains the seeds its part owns, as a partitioned run
+    deals them) or ``position`` (split by position, as a full-copy run deals them). ``hot``: the share of the
+    bottom layer's frontier a NeutronOrch plan across parts would serve (a prediction of a feature not built)."""
+
+    nodes: int
+    edges: int
+    train: int
+    eval_nodes: int
+    ranks: int
+    fanouts: tuple[int, ...]
+    batch_size: int
+    feature_dim: int
+    cut: float
+    feature_bytes: int = 4
+    hidden: int = 64
+    neighbour_bytes: int = 4
+    label_bytes: int = 8
+    eval_batch_size: int = 4096
+    dealing: str = "owner"
+    hot: float = 0.0
+    degrees: Degrees | None = None
+    part_cut: tuple[float, ...] | None = None
+    part_nodes: tuple[int, ...] | None = None
+    part_edges: tuple[int, ...] | None = None
+    part_train: tuple[int, ...] | None = None
+    part_eval: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.dealing not in DEALINGS:
+            raise ConfigError(f"dealing {self.dealing!r}: give one of {', '.join(DEALINGS)}")
+        if not 0 <= self.hot <= 1 or not 0 <= self.cut <= 1:
+            raise ConfigError(f"hot {self.hot} and cut {self.cut} are fractions: give values in [0, 1]")
+        if self.ranks < 1 or self.batch_size < 1 or not self.fanouts:
+            raise ConfigError(f"ranks {self.ranks}, batch size {self.batch_size}, fanouts {self.fanouts}: give at "
+                              f"least one rank, a batch of at least one seed and one fanout")
+
+    def share(self, name: str, rank: int) -> float:
+        """Part ``rank``'s ``part_<name>`` where given, else its equal share of the whole."""
+        per_part = getattr(self, f"part_{name}")
+        if per_part is not None:
+            return float(per_part[rank])
+        whole = {"nodes": self.nodes, "edges": self.edges, "train": self.train, "eval": self.eval_nodes,
+                 "cut": None}[name]
+        return self.cut if whole is None else whole / self.ranks
+
+
+def frontier(inputs: CostInputs, rank: int, seeds: float) -> list[dict]:
+    """Per hop of a batch of ``seeds`` on rank ``rank``: the frontier's expected vertices this rank owns and
+    other ranks own (``own``, ``remote``), the draws of its remote vertices (``remote_draws``), and after the
+    last hop the input frontier; the hot share thins the last hop's draws."""
+    deg = inputs.degrees or Degrees.uniform(inputs.nodes, inputs.edges, inputs.train)
+    k, share = inputs.ranks, inputs.share("nodes", rank) / inputs.nodes
+    cut_here = inputs.share("cut", rank)
+    cut_in = inputs.cut / (k - 1) if k > 1 else 0.0  # of another part's draws, the share that lands here
+    own_pool, remote_pool = deg.count * share, deg.count * (1 - share)
+    seed_rate = np.divide(deg.train, deg.count, out=np.zeros_like(deg.count), where=deg.count > 0)
+    if inputs.dealing == "position":
+        own, remote = [seed_rate * seeds / inputs.train], [seed_rate * seeds / inputs.train]
+    else:
+        own, remote = [seed_rate * seeds / max(1.0, inputs.share("train", rank))], [np.zeros_like(deg.count)]
+    covered = [np.zeros_like(deg.count)]  # per cohort: the share of a vertex's in-edges it has drawn already
+    in_deg = np.maximum(deg.in_deg, 1.0)
+    hops = []
+    for hop, fanout in enumerate(inputs.fanouts):
+        draws = deg.in_deg if fanout < 0 else np.minimum(deg.in_deg, fanout)
+        if hop == len(inputs.fanouts) - 1:
+            draws = draws * (1 - inputs.hot)
+        own_now, remote_now = sum(own), sum(remote)
+        hops.append({"own": float((own_now * own_pool).sum()), "remote": float((remote_now * remote_pool).sum()),
+                     "remote_draws": float((remote_now * remote_pool * draws).sum())})
+        fresh = [draws * (1 - c) for c in covered]
+        d_own = sum(float((a * own_pool * f).sum()) for a, f in zip(own, fresh))
+        d_remote = sum(float((z * remote_pool * f).sum()) for z, f in zip(remote, fresh))
+        land_own = d_own * (1 - cut_here) + d_remote * cut_in
+        land_remote = d_own * cut_here + d_remote * (1 - cut_in)
+        own.append((1 - own_now) * -np.expm1(-land_own * _weights(deg.out_deg, own_pool)))
+        remote.append((1 - remote_now) * -np.expm1(-land_remote * _weights(deg.out_deg, remote_pool)))
+        covered = [1 - (1 - c) * (1 - draws / in_deg) for c in covered] + [np.minimum(1.0, 1 / in_deg)]
+    hops.append({"own": float((sum(own) * own_pool).sum()), "remote": float((sum(remote) * remote_pool).sum()),
+                 "remote_draws": 0.0})
+    return hops
+
+
+def _weights(out_deg: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    """Per class, the chance one draw into ``pool`` lands on a given vertex of the class (by out-degree)."""
+    total = float((out_deg * pool).sum())
+    return out_deg / total if total > 0 else np.zeros_like(out_deg)
+
+
+def batch_bytes(inputs: CostInputs, rank: int, seeds: float) -> dict[str, float]:
+    """The bytes rank ``rank`` receives (and, in expectation, sends) in one batch of ``seeds``, by what they
+    carry: ``sampling`` (the ids asked, the counts, the neighbours, the announced sizes), ``rows`` (the ids asked
+    and their count of seeds, the sizes, the feature rows, the seeds' labels) and ``hot`` (hot rows)."""
+    k = inputs.ranks
+    others = k - 1
+    hops = frontier(inputs, rank, seeds)
+    sampling = 0.0
+    for hop in hops[:-1]:
+        sampling += hop["remote"] * (ID_BYTES + COUNT_BYTES) + hop["remote_draws"] * inputs.neighbour_bytes
+        sampling += SIZE_BYTES * others
+    last, bottom = hops[-1], hops[-2]
+    hot = bottom["remote"] * inputs.hot * inputs.hidden * FLOAT_BYTES
+    sampling -= bottom["remote"] * inputs.hot * COUNT_BYTES  # a hot vertex is asked for its row, not its draws
+    remote_seeds = hops[0]["remote"]
+    rows = (last["remote"] * (ID_BYTES + inputs.feature_dim * inputs.feature_bytes) + remote_seeds * inputs.label_bytes
+            + 2 * SIZE_BYTES * others)  # a count of seeds to each rank, and the request's sizes
+    return {"sampling": sampling, "rows": rows, "hot": hot, "input_rows": last["own"] + last["remote"]}
+
+
+def rank_batches(inputs: CostInputs, rank: int) -> list[tuple[float, int]]:
+    """The epoch's batches for rank ``rank``, as (its seeds, how many such batches): the global batches of
+    ``batch_size * ranks`` seeds, of which it trains a share by position (``torch.tensor_split``) or the seeds
+    its part owns (in expectation its part's share of the training vertices)."""
+    k, b = inputs.ranks, inputs.batch_size
+    full, rest = divmod(inputs.train, b * k)
+    if inputs.dealing == "position":
+        last = rest // k + (rank < rest % k)  # tensor_split: the first rest % k ranks take one more
+    else:
+        b = b * k * inputs.share("train", rank) / inputs.train
+        last = rest * inputs.share("train", rank) / inputs.train
+    return [(float(b), full)] + ([(float(last), 1)] if rest else [])
+
+
+def training_bytes(inputs: CostInputs, rank: int) -> dict[str, float]:
+    """An epoch's training bytes of rank ``rank``, by what they carry (``batch_bytes``), and their ``total``."""
+    out = {"sampling": 0.0, "rows": 0.0, "hot": 0.0}
+    for seeds, count in rank_batches(inputs, rank):
+        if count <= 0:
+            continue
+        got = batch_bytes(inputs, rank, seeds) if seeds > 0 else empty_batch_bytes(inputs)
+        for key in out:
+            out[key] += got[key] * count
+    out["total"] = sum(out.values())
+    return out
+
+
+def empty_batch_bytes(inputs: CostInputs) -> dict[str, float]:
+    """A batch in which this rank has no seeds still takes part in every exchange: the sizes and seed counts."""
+    others = inputs.ranks - 1
+    return {"sampling": SIZE_BYTES * others * len(inputs.fanouts), "rows": 2 * SIZE_BYTES * others, "hot": 0.0}
+
+
+def distinct_remote(inputs: CostInputs, rank: int, in_edges: float) -> float:
+    """Expected distinct vertices of other parts among the sources of ``in_edges`` in-edges of rank ``rank``'s
+    vertices (all their in-edges, as full-neighbour inference reads them): the cut share of them, landing by
+    out-degree on the other parts' vertices."""
+    deg = inputs.degrees or Degrees.uniform(inputs.nodes, inputs.edges, inputs.train)
+    pool = deg.count * (1 - inputs.share("nodes", rank) / inputs.nodes)
+    landing = in_edges * inputs.share("cut", rank)
+    return float((pool * -np.expm1(-landing * _weights(deg.out_deg, pool))).sum())
+
+
+def evaluation_bytes(inputs: CostInputs, rank: int) -> dict[str, float]:
+    """One full-neighbour evaluation's bytes of rank ``rank``: per layer, the chunks' remote in-neighbours'
+    rows (the features, then ``hidden`` floats) and their ids, every rank taking as many chunks as the rank with
+    the most; the last layer for the owned validation and test vertices only."""
+    k, chunk, layers = inputs.ranks, inputs.eval_batch_size, len(inputs.fanouts)
+    others = k - 1
+    mean_in = inputs.share("edges", rank) / inputs.share("nodes", rank)
+    out, first_layer = {"ids": 0.0, "rows": 0.0, "sizes": 0.0}, 0.0
+    for layer in range(layers):
+        name = "nodes" if layer < layers - 1 else "eval"
+        mine = inputs.share(name, rank)
+        chunks = max(math.ceil(inputs.share(name, r) / chunk) for r in range(k))
+        width = inputs.feature_dim * inputs.feature_bytes if layer == 0 else inputs.hidden * FLOAT_BYTES
+        full, rest = divmod(int(mine), chunk)
+        for size, count in ((chunk, full), (rest, 1 if rest else 0)):
+            remote = distinct_remote(inputs, rank, size * mean_in) * count
+            out["ids"] += remote * ID_BYTES
+            out["rows"] += remote * width
+            first_layer += remote if layer == 0 else 0.0
+        out["sizes"] += SIZE_BYTES * others * (1 + 2 * chunks)  # the chunk count; per fetch a seed count, sizes
+    out["total"] = sum(out.values())
+    out["first_layer_rows"] = first_layer  # rows, not bytes: what a disk serves
+    return out
+
+
+def of_partition(folder, fanouts, batch_size: int, hidden: int = 64, **options) -> CostInputs:
+    """``CostInputs`` of a partition folder (``neutronorch partition``): its sizes, per part cut, vertices and
+    splits from the manifest, and the degree classes from the parts' in-edges (every part read once)."""
+    folder = Path(folder)
+    manifest = json.loads((folder / "partition.json").read_text())
+    graph, stats = manifest["graph"], manifest["part_stats"]
+    n = graph["num_nodes"]
+    in_deg, out_deg = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    for part in range(manifest["parts"]):
+        sub = folder / f"part-{part}"
+        ids = np.load(sub / "ids.npy", mmap_mode="r")
+        in_deg[ids] = np.diff(np.load(sub / "indptr.npy", mmap_mode="r"))
+        out_deg += np.bincount(np.load(sub / "indices.npy", mmap_mode="r"), minlength=n)
+    train_idx = np.load(folder / "train_idx.npy", mmap_mode="r")
+    indices_dtype = np.load(folder / "part-0" / "indices.npy", mmap_mode="r").dtype
+    feature_bytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(graph["feature_dtype"], 4)
+    values = dict(nodes=n, edges=graph["num_edges"], train=int(train_idx.shape[0]),
+                  eval_nodes=sum(s["val"] + s["test"] for s in stats), ranks=manifest["parts"],
+                  fanouts=tuple(fanouts), batch_size=batch_size, feature_dim=graph["feature_dim"],
+                  cut=manifest["edge_cut"]["fraction"], feature_bytes=feature_bytes, hidden=hidden,
+                  neighbour_bytes=indices_dtype.itemsize, degrees=Degrees.of(in_deg, out_deg, train_idx),
+                  part_cut=tuple(s["cut_edges"] / max(1, s["edges"]) for s in stats),
+                  part_nodes=tuple(s["nodes"] for s in stats), part_edges=tuple(s["edges"] for s in stats),
+                  part_train=tuple(s["train"] for s in stats),
+                  part_eval=tuple(s["val"] + s["test"] for s in stats))
+    return replace(CostInputs(**values), **options)
+
+
+def machine_memory(inputs: CostInputs, layers_kept: int = 2) -> dict[str, float]:
+    """Bytes one machine (one rank) holds of an equal part: the part's features and topology (CSC offsets and
+    in-neighbours), its ids and labels, the whole graph's id maps (``part_of`` int32, ``local_index`` int32
+    below 2**31 rows a part) and split, the vertex maps of the sampler and of evaluation (8 bytes a vertex
+    each), and evaluation's ``layers_kept`` layers of ``hidden`` floats for the part's vertices."""
+    n, k = inputs.nodes, inputs.ranks
+    part = n / k
+    local_bytes = 4 if part < 2**31 else 8
+    memory = {"features": part * inputs.feature_dim * inputs.feature_bytes,
+              "topology": 8 * (part + 1) + inputs.neighbour_bytes * inputs.edges / k,
+              "ids_labels": part * (8 + inputs.label_bytes),
+              "id_maps": n * (4 + local_bytes) + 8 * (inputs.train + inputs.eval_nodes),
+              "vertex_maps": 16 * n,
+              "evaluation_rows": layers_kept * part * inputs.hidden * FLOAT_BYTES}
+    memory["total"] = sum(memory.values())
+    return memory
+
+
+def epoch_seconds(inputs: CostInputs, network_gbit: float, disk_gb: float | None = None,
+                  page_bytes: int = 4096) -> dict[str, float]:
+    """Seconds rank 0's bytes take in an epoch and its evaluation: at ``network_gbit`` Gbit/s each way (a rank
+    sends what it receives, at once), and, with ``disk_gb``, the feature rows read from a disk of that many
+    GB/s (the features not in memory: every input row a batch reads, its own and those it serves, and every
+    row of the part once in evaluation's first layer, each row at least a ``page_bytes`` read)."""
+    train, evaluation = training_bytes(inputs, 0), evaluation_bytes(inputs, 0)
+    per_second = network_gbit * 1e9 / 8
+    out = {"train_network": train["total"] / per_second, "eval_network": evaluation["total"] / per_second}
+    if disk_gb:
+        row = max(page_bytes, inputs.feature_dim * inputs.feature_bytes)
+        rows = sum(batch_bytes(inputs, 0, seeds)["input_rows"] * count
+                   for seeds, count in rank_batches(inputs, 0) if seeds > 0)
+        part = inputs.share("nodes", 0)
+        out["train_disk"] = rows * row / (disk_gb * 1e9)
+        out["eval_disk"] = (part + evaluation["first_layer_rows"]) * row / (disk_gb * 1e9)
+    return out
