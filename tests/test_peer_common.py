@@ -23,3 +23,29 @@ def test_a_runner_started_by_a_large_parent_reports_its_own_peak_rss():
     peak = float(out.split()[-1])
     assert held.sum() == 300 << 20
     assert 40 < peak < 200, f"the child's peak RSS {peak:.0f} MB is not its own (it holds about 70 MB)"
+
+
+def test_the_epoch_loop_counts_a_serving_process_cpu_seconds_per_epoch():
+    """DistDGL's trainers sample through a graph server: each epoch's record has the server's CPU seconds
+    taken over that epoch (here a clock the batches advance), and no such key without a server."""
+    sys.path.insert(0, str(PEERS))
+    try:
+        import peer_common
+    finally:
+        sys.path.remove(str(PEERS))
+    from types import SimpleNamespace
+
+    clock = [10.0]
+
+    def measure(item):
+        clock[0] += 0.25 * item
+        return 5, 7, None
+
+    args = SimpleNamespace(epochs=2, max_batches=0, eval="none", eval_every=0)
+    loader = [1, 2, 1]  # one epoch advances the server's clock by 1.0
+    epochs = peer_common.train_epochs(args, loader, None, None, measure, None, None, lambda _: None,
+                                      server_cpu=lambda: clock[0])[0]
+    assert [e["server_cpu_seconds"] for e in epochs] == [1.0, 1.0]
+    assert [e["batches"] for e in epochs] == [3, 3] and [e["sampled_edges"] for e in epochs] == [15, 15]
+    plain = peer_common.train_epochs(args, loader, None, None, measure, None, None, lambda _: None)[0]
+    assert all("server_cpu_seconds" not in e for e in plain)

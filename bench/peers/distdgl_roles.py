@@ -65,6 +65,14 @@ def memory_mb():
             "anon_mb": kb["RssAnon"] / 1024, "shmem_mb": kb["RssShmem"] / 1024, "file_mb": kb["RssFile"] / 1024}
 
 
+def server_cpu_seconds():
+    """The CPU seconds so far (user + system) of this machine's graph server, which samples for every
+    trainer: /proc/PID/stat's utime and stime of the process the launcher names in DISTDGL_SERVER_PID."""
+    with open(f"/proc/{int(os.environ['DISTDGL_SERVER_PID'])}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
 def report(name, record):
     with open(os.path.join(RUN["work_dir"], f"{name}.json"), "w") as f:
         json.dump({**record, **memory_mb()}, f)
@@ -208,11 +216,12 @@ def train():
         return g.ndata["features"][input_nodes], g.ndata["labels"][seeds].long(), lambda m, x: m(blocks, x)
 
     loop_args = SimpleNamespace(**{**vars(args), "eval": "none"})
+    loop = (loop_args, loader, model, opt, measure, gather, None, log)
     if model is not None:
         with model.join():  # DDP with trainers whose last epochs may hold one batch fewer
-            epochs, rate, _, _, _ = train_epochs(loop_args, loader, model, opt, measure, gather, None, log)
+            epochs, rate, _, _, _ = train_epochs(*loop, server_cpu=server_cpu_seconds)
     else:
-        epochs, rate, _, _, _ = train_epochs(loop_args, loader, model, opt, measure, gather, None, log)
+        epochs, rate, _, _, _ = train_epochs(*loop, server_cpu=server_cpu_seconds)
     val_acc = test_acc = eval_seconds = None
     if args.eval == "full" and model is not None:
         val_acc, test_acc, eval_seconds = evaluate(model.module, g, val_nid, test_nid, args.eval_batch_size)

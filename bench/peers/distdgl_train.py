@@ -198,6 +198,7 @@ def run_processes(args, parts, run, work_dir, part_config, ip_config):
         for m in range(parts):
             procs.append(start("trainer", m, {**common, "DGL_ROLE": "client", "DGL_DIST_MODE": "distributed",
                                               "DGL_GROUP_ID": "0", "DISTDGL_MACHINE": str(m),
+                                              "DISTDGL_SERVER_PID": str(procs[m]["proc"].pid),
                                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
                                               "RANK": str(m), "LOCAL_RANK": "0", "WORLD_SIZE": str(parts)},
                                work_dir))
@@ -294,6 +295,8 @@ def summarise(args, meta, name, n, num_edges, num_classes, load_seconds, method,
         epochs.append({"epoch": e, "seconds": max(r["seconds"] for r in per),
                        "trainer_seconds": [r["seconds"] for r in per],
                        "trainer_cpu_seconds": [r["cpu_seconds"] for r in per],
+                       # each machine's server over its trainer's epoch: it samples for every trainer
+                       "server_cpu_seconds": [r["server_cpu_seconds"] for r in per],
                        "stage_seconds": {k: max(r["stage_seconds"][k] for r in per) for k in per[0]["stage_seconds"]},
                        "train_loss": mean_loss(per), "batches": [r["batches"] for r in per],
                        "sampled_edges": sum(r["sampled_edges"] for r in per),

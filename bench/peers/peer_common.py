@@ -138,11 +138,13 @@ def read_native(path):
 # ----------------------------------------------------------------------------------------------- training
 
 
-def train_epochs(args, loader, model, opt, measure, gather, run_eval, log):
-    """The timed epoch loop both runners share. Per batch: ``measure(item)`` -> (sampled edges, input
+def train_epochs(args, loader, model, opt, measure, gather, run_eval, log, server_cpu=None):
+    """The timed epoch loop the runners share. Per batch: ``measure(item)`` -> (sampled edges, input
     vertices, extra) counts as sampling (waiting on the loader included); ``gather(item, extra)`` -> (x, y,
     forward) as gathering; ``forward(model, x)`` -> logits, the loss, backward and step as training. With
     ``--eval full`` and ``--eval-every N``, ``run_eval()`` -> (val, test, seconds) runs outside the timing.
+    ``server_cpu()``, where given, -> the CPU seconds so far of a process that works for this one (DistDGL's
+    graph server); each epoch's record then has its share as ``server_cpu_seconds``.
     Returns (epoch records, sampled edges per second of sampling, val_acc, test_acc, eval_seconds)."""
     import torch.nn.functional as F  # noqa: PLC0415 - torch only after the thread settings
 
@@ -155,6 +157,7 @@ def train_epochs(args, loader, model, opt, measure, gather, run_eval, log):
         loss_sum = 0.0
         t_epoch = time.perf_counter()
         cpu0 = cpu_seconds()
+        server0 = server_cpu() if server_cpu else None
         it = iter(loader)
         while True:
             t = time.perf_counter()
@@ -196,6 +199,8 @@ def train_epochs(args, loader, model, opt, measure, gather, run_eval, log):
             "sampled_edges": edges,
             "input_nodes_per_batch": input_nodes / max(batches, 1),
         }
+        if server_cpu:
+            rec["server_cpu_seconds"] = server_cpu() - server0
         epochs.append(rec)
         loss_txt = f"loss {rec['train_loss']:.4f} " if rec["train_loss"] is not None else ""
         log(f"epoch {epoch}: {seconds:.2f} s {loss_txt}(sample {st['sample']:.2f} gather {st['gather']:.2f} "
