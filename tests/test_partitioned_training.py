@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -277,7 +278,8 @@ def _train_parts_in_callers_group(rank: int, folder: str, directory: str) -> Non
     torch.distributed.init_process_group("gloo", init_method=f"file://{directory}/rendezvous", rank=rank,
                                          world_size=2)
     summary = neutronorch.train(neutronorch.TrainConfig(
-        partitions=folder, hidden=16, fanouts=[4, 4], epochs=1, batch_size=64, threads=1, sampler_threads=1,
+        partitions=folder.format(rank=rank), hidden=16, fanouts=[4, 4], epochs=1, batch_size=64, threads=1,
+        sampler_threads=1,
         device="cpu", dist_timeout=60, summary_json=f"{directory}/summary-{rank}.json"))
     assert torch.distributed.is_initialized()  # the caller's group: left for the caller
     assert len(distributed_c10d._world.pg_map) == 1  # the sampling exchange's own group was taken down
@@ -290,7 +292,12 @@ def test_partitioned_training_in_a_process_group_the_caller_made(graph, tmp_path
     for name, value in _env().items():  # before the children start: numba reads its thread count at import
         monkeypatch.setenv(name, value)
     folder = _partition(graph, tmp_path / "parts", 2, "random")
-    context = torch.multiprocessing.spawn(_train_parts_in_callers_group, args=(str(folder), str(tmp_path)),
+    for rank in range(2):  # as on two machines: each holds the root's files and its own part only
+        machine = tmp_path / f"machine-{rank}"
+        shutil.copytree(folder, machine, ignore=lambda _, names: [n for n in names if n == f"part-{1 - rank}"])
+        assert not (machine / f"part-{1 - rank}").exists()
+    context = torch.multiprocessing.spawn(_train_parts_in_callers_group,
+                                          args=(str(tmp_path / "machine-{rank}"), str(tmp_path)),
                                           nprocs=2, join=False)
     deadline = time.monotonic() + 240
     while not context.join(timeout=1):
