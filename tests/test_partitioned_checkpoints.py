@@ -7,7 +7,6 @@ and a rank that is killed makes the others fail with a message, not hang."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
@@ -23,33 +22,19 @@ import torch
 
 import neutronorch
 from neutronorch.data import load_dataset
-from neutronorch.data.partition import assign, write_partition
 from neutronorch.errors import CheckpointError, Interrupted
 from neutronorch.train.part_checkpoint import misfit
+from test_partitioned_training import GRAPH, _env, _partition, _step_losses
 
-GRAPH = "synthetic:nodes=3000,features=16,degree=8"
 SPLIT = "ratio:0.10034,0.05"  # 301 training vertices: 4 global batches of 2 x 50, the last of one seed
 SETTINGS = dict(hidden=16, fanouts=[4, 4], batch_size=50, threads=1, sampler_threads=1, device="cpu", dropout=0.4,
                 log_every=1)
 
 
-def _partition(graph, folder: Path, parts: int, method: str = "random") -> Path:
-    write_partition(graph, assign(graph, parts, method, seed=0), parts, folder, method, 0, GRAPH)
-    return folder
-
-
-def _env() -> dict:
-    return {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def _step_losses(path: Path) -> list[float]:
-    return [r["loss"] for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "step"]
-
-
 def test_a_one_part_runs_checkpoint_predicts_as_the_full_copy_runs(tmp_path):
     """The model rank 0 writes is the full-copy run's: predict and embed read it with the source graph."""
     graph = load_dataset(GRAPH)
-    folder = _partition(graph, tmp_path / "p1", 1)
+    folder = _partition(graph, tmp_path / "p1", 1, "random")
     runs = {"parts": dict(partitions=str(folder)), "full": dict(dataset=GRAPH)}
     for name, source in runs.items():
         neutronorch.train(neutronorch.TrainConfig(**source, **SETTINGS, epochs=1, checkpoint_dir=str(tmp_path / name)))
@@ -126,7 +111,7 @@ def test_ranks_stopped_mid_epoch_resume_bit_for_bit_and_refuse_what_does_not_fit
     for name, value in _env().items():  # before the children start: numba reads its thread count at import
         monkeypatch.setenv(name, value)
     graph = load_dataset(GRAPH, SPLIT, 0)
-    _partition(graph, tmp_path / "parts", 2)
+    _partition(graph, tmp_path / "parts", 2, "random")
     _partition(graph, tmp_path / "metis", 2, "metis")  # the same graph and part count, another partition
     context = torch.multiprocessing.spawn(_stop_and_resume_ranks, args=(str(tmp_path),), nprocs=2, join=False)
     deadline = time.monotonic() + 300
@@ -150,7 +135,7 @@ def test_ranks_stopped_mid_epoch_resume_bit_for_bit_and_refuse_what_does_not_fit
         folder = tmp_path / "ck" / name if rank == 0 else tmp_path / name
         assert torch.load(folder, weights_only=True)["partition"]["part"] == rank
     # One process on one part of the same graph cannot continue the 2 ranks' run: refused, saying so.
-    one = _partition(graph, tmp_path / "one", 1)
+    one = _partition(graph, tmp_path / "one", 1, "random")
     with pytest.raises(CheckpointError, match="part count 2 then, 1 now.*2 ranks"):
         neutronorch.train(neutronorch.TrainConfig(partitions=str(one), **SETTINGS, epochs=3, resume=True,
                                                   checkpoint_dir=str(tmp_path / "ck")))
@@ -165,7 +150,7 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_a_killed_rank_makes_the_other_fail_with_a_message_not_hang(tmp_path):
     graph = load_dataset(GRAPH)
-    folder = _partition(graph, tmp_path / "parts", 2)
+    folder = _partition(graph, tmp_path / "parts", 2, "random")
     log = tmp_path / "log.jsonl"
     args = [sys.executable, "-m", "neutronorch", "train", "--partitions", str(folder), "--hidden", "16", "--fanouts",
             "4,4", "--threads", "1", "--sampler-threads", "1", "--no-progress", "--device", "cpu", "--log-every", "1",
