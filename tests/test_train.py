@@ -185,6 +185,13 @@ def test_bad_config_file_key_is_named(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_the_evaluation_after_the_last_epoch_is_timed_in_its_record():
+    summary = train(TrainConfig(dataset=SMALL, epochs=2, eval_every=0, fanouts=[3, 3], hidden=8, threads=1,
+                                sampler_threads=1, device="cpu", progress=False))
+    first, last = summary["epochs"]
+    assert "eval_seconds" not in first and last["eval_seconds"] > 0 and "val_acc" in last
+
+
 def test_sampled_inference_option_runs():
     summary = train(small_config(epochs=1, eval_fanouts=[5, 5]))
     assert 0 <= summary["test_acc"] <= 1

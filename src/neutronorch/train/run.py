@@ -247,9 +247,10 @@ def run_epochs(run: Run) -> dict | None:
     timeline = write_run_timeline(run, f"{mode.name} mode, {config.model}{' (typed)' * bool(run.typed)}, "
                                        f"epoch {window.epoch}, first {min(config.timeline_steps, mode.num_batches)} steps")
     if config.epochs and not run.last_eval and config.eval_every >= 0:  # eval_every 0: after the last epoch
+        t0 = time.perf_counter()
         run.last_eval = run.evaluate(config.epochs - 1)
         run.best = {**run.last_eval, "epoch": config.epochs - 1}
-        run.history[-1].update(named_scores(run.task, run.last_eval))
+        run.history[-1].update(named_scores(run.task, run.last_eval), eval_seconds=time.perf_counter() - t0)
         run.health.after_epoch(run.history[-1], loss=False)
         if config.checkpoint_dir:
             run.checkpoint("best.pt", config.epochs - 1)
