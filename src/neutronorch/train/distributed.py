@@ -126,6 +126,13 @@ class World:
             torch.distributed.gather_object(value, out, dst=0, group=self.host_group)
         return out
 
+    def all_gather_objects(self, value, what: str) -> list:
+        """Every rank's ``value`` (picklable), in rank order, on every rank."""
+        out = [None] * self.size
+        with self._collective(what):
+            torch.distributed.all_gather_object(out, value, group=self.host_group)
+        return out
+
     @contextlib.contextmanager
     def _collective(self, what: str):
         try:

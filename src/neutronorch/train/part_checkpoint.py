@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from neutronorch.errors import CheckpointError
 from neutronorch.train.checkpoint import HOMOGENEOUS, load_state
 from neutronorch.train.distributed import World
@@ -49,11 +47,8 @@ def agreed_state(folder: Path, identity: dict, partitions: str, world: World) ->
     except CheckpointError as exc:
         problem = str(exc)
     mine = {"problem": problem, "at": None if problem else position(state)}
-    ranks = [mine]
-    if world.distributed:
-        ranks = [None] * world.size
-        with world._collective("agreeing on the checkpoints to resume from"):
-            torch.distributed.all_gather_object(ranks, mine, group=world.host_group)
+    ranks = world.all_gather_objects(mine, "agreeing on the checkpoints to resume from") if world.distributed \
+        else [mine]
     prefix = (lambda r: f"rank {r}: ") if world.distributed else (lambda r: "")
     for rank, theirs in enumerate(ranks):
         if theirs["problem"]:
