@@ -80,18 +80,19 @@ class RemoteRows:
 
 class PartitionedLoader:
     """``host_loader.HostLoader``'s counterpart for a rank holding one part (exact mode on the CPU): a
-    mini-batch's input rows (as float32, what the host store gathers for a float32 run) and its seeds' labels
-    (int64, as the store holds them) fetched from their owners in one exchange (``RemoteRows``). ``access``:
-    the run's ``FeatureAccess`` over the part's own rows (what a mode reports)."""
+    mini-batch's input rows (as ``dtype``, float32 or bfloat16, what the host store gathers for a run of that
+    precision: rounded to the nearest, ties to even) and its seeds' labels (int64, as the store holds them)
+    fetched from their owners in one exchange (``RemoteRows``). ``access``: the run's ``FeatureAccess`` over
+    the part's own rows (what a mode reports)."""
 
-    def __init__(self, access, fetcher: RemoteRows, spans):
-        self.access, self.fetcher, self.spans = access, fetcher, spans
+    def __init__(self, access, fetcher: RemoteRows, spans, dtype: torch.dtype = torch.float32):
+        self.access, self.fetcher, self.spans, self.dtype = access, fetcher, spans, dtype
 
     def load(self, epoch: int, index: int, subgraph, make=None, targets=None):
         with self.spans.stage("gather", index):
             seeds = subgraph.seeds.shape[0]
             rows, labels = self.fetcher.fetch(subgraph.input_nodes.numpy(), labelled=seeds)
-            features = tensor_from_numpy(rows).float()
+            features = tensor_from_numpy(rows).to(self.dtype)
             labels = torch.from_numpy(np.asarray(labels, dtype=np.int64)) if targets is None else targets
             return (make or MiniBatch)(epoch, index, subgraph, features, labels)
 

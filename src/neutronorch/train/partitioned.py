@@ -27,6 +27,7 @@ from neutronorch.features.placement import Placement
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import optimizer_groups
 from neutronorch.nn.names import needs_degrees
+from neutronorch.nn.precision import precision_dtype
 from neutronorch.observe import Spans, Utilisation
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.factory import Threads
@@ -79,8 +80,6 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
         raise refuse(f"`mode` {config.mode}", "Give `mode` exact (or leave it out).")
     if device.type != "cpu":
         raise refuse(f"device {device}", "Give `device` cpu: the ranks exchange over gloo.")
-    if config.precision not in ("fp32", "auto"):
-        raise refuse(f"`precision` {config.precision}", "Give `precision` fp32.")
     given = config.settings_given(["split", "times", "normalize_features", "eval_fanouts"])
     if given:
         raise refuse(", ".join(given), "Leave it out: the partition holds its split and rows as written, and "
@@ -165,8 +164,6 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     logger.info(f"loaded part {part.part} of {part.parts} of {graph.name} ({manifest['method']} parts): "
                 f"{part.ids.shape[0]:,} of {graph.num_nodes:,} vertices, {part.indices.shape[0]:,} of "
                 f"{graph.num_edges:,} edges, in {data_seconds:.1f}s")
-    if config.precision != "fp32":  # auto resolved to bf16 on this CPU
-        raise ConfigError(f"`precision` {config.precision}: {BUILT}, in float32 {WHY}. Give `precision` fp32.")
     for note in graph.notes if world.main else []:
         logger.warning(f"note: {note}")
     model = gnn(config, graph.feature_dim, graph.num_classes).to(device)
@@ -186,7 +183,7 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     topology = part.indptr.nbytes + part.indices.nbytes
     placement = Placement("cpu", None, 0, "host", "host", 0, "none", topology, part.features.nbytes, 0)
     access = FeatureAccess(device, FeatureStore(part.features, part.labels), placement, None, None)
-    loader = PartitionedLoader(access, RemoteRows(part, sampling_exchange), spans)
+    loader = PartitionedLoader(access, RemoteRows(part, sampling_exchange), spans, precision_dtype(config.precision))
     mode = PartitionedMode(world, evaluation_exchange, NodeSeeds(graph, sampling, part.part_of),
                            lambda: PartitionedSampler(part, sampling_exchange, sampling.fanouts), loader, sampling,
                            spans, threads.sampler)
