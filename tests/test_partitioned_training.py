@@ -28,10 +28,11 @@ from neutronorch.errors import ConfigError, TrainingError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
 from neutronorch.sampling.exchange import ThreadExchange
+from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.train.distributed import World
 from neutronorch.train.evaluate import scored
 from neutronorch.train.health import EvaluationCheck
-from neutronorch.train.layerwise import layerwise
+from neutronorch.train.layerwise import layerwise, sampled_logits
 from neutronorch.train.part_eval import PartEvaluation
 from neutronorch.train.task import Task
 from test_partitioned_sampling import run_threads
@@ -81,6 +82,31 @@ def test_inference_across_parts_gives_the_whole_graphs_logits(graph, tmp_path, p
     expected = whole[torch.from_numpy(_positions(nodes, mine))]
     # The same rows of the same neighbours: equal up to the order of float32 sums in the matrix products.
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_sampled_inference_across_parts_gives_the_whole_graphs_logits(graph, tmp_path, parts):
+    folder = _partition(graph, tmp_path / "p", parts, "random")
+    torch.manual_seed(0)
+    net = GNN("sage", graph.feature_dim, 12, graph.num_classes, 2).eval()
+    nodes = np.concatenate([graph.val_idx, graph.test_idx]).astype(np.int64)
+    logits = sampled_logits(net, graph, FeatureStore(graph.features, graph.labels), [4, 3], torch.device("cpu"))
+    with torch.no_grad():
+        whole = torch.cat([logits(torch.from_numpy(nodes[start:start + 300]), batch_key(5, -1, index))
+                           for index, start in enumerate(range(0, nodes.shape[0], 300))])
+
+    def rank(r, exchange):
+        part = load_partition(folder, r, verify=False)
+        positions = np.flatnonzero(np.asarray(part.part_of[nodes]) == r)
+        return positions, PartEvaluation(part, exchange, World()).sampled(net, nodes, positions, [4, 3],
+                                                                          torch.device("cpu"), 300, 5)
+
+    got = run_threads(rank, parts)
+    positions = np.concatenate([got[r][0] for r in range(parts)])
+    assert sorted(positions.tolist()) == list(range(nodes.shape[0]))
+    # Each vertex draws the neighbours it draws in the whole graph's chunk: equal up to float32 sum order.
+    torch.testing.assert_close(torch.cat([got[r][1] for r in range(parts)]), whole[torch.from_numpy(positions)],
+                               rtol=1e-5, atol=1e-6)
 
 
 def _positions(nodes: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -227,7 +253,6 @@ def test_one_part_in_one_process_trains_as_the_whole_graph(graph, tmp_path):
     (dict(task="link"), "`task` link"),
     (dict(mode="device"), "`mode` device"),
     (dict(split="ratio:0.5,0.2"), "`split` ratio:0.5,0.2"),
-    (dict(eval_fanouts=[5, 5]), "`eval_fanouts`"),
     (dict(normalize_features="row"), "`normalize_features` row"),
     (dict(model="gcn"), "`gcn_norm` symmetric"),
     (dict(dataset="synthetic:nodes=100"), "give one of them"),

@@ -20,8 +20,8 @@ from neutronorch.bfloat16 import tensor_from_numpy
 from neutronorch.orchestration.remote_rows import RemoteRows
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block
-from neutronorch.sampling.neighbor_sampler import relabel_into
-from neutronorch.sampling.partitioned import sample_rows
+from neutronorch.sampling.neighbor_sampler import batch_key, relabel_into
+from neutronorch.sampling.partitioned import PartitionedSampler, sample_rows
 from neutronorch.train.distributed import World
 from neutronorch.train.evaluate import eval_subset, scored
 from neutronorch.train.health import SPLIT_NAMES, EvaluationCheck, counted_collapse, nonfinite_rows, tied
@@ -48,7 +48,11 @@ class PartEvaluation:
         test = eval_subset(part.global_splits["test_idx"], config.eval_max_nodes, config.seed + 1)
         nodes = np.concatenate([val, test])
         positions = np.flatnonzero(np.asarray(part.part_of[nodes]) == part.part)
-        logits = self.logits(model, nodes[positions], run.device, config.eval_batch_size, progress)
+        if config.eval_fanouts is None:
+            logits = self.logits(model, nodes[positions], run.device, config.eval_batch_size, progress)
+        else:
+            logits = self.sampled(model, nodes, positions, config.eval_fanouts, run.device, config.eval_batch_size,
+                                  config.seed, progress)
         labels = torch.from_numpy(np.asarray(part.labels[part.local(nodes[positions])], dtype=np.int64))
         positions = torch.from_numpy(positions)
         if world.distributed and run.task.counted:
@@ -116,6 +120,29 @@ class PartEvaluation:
             outputs.append(self.layer_rows(model, last, nodes[start:start + chunk_size], hidden, device))
             if progress is not None:
                 progress(last + 1, min(nodes.shape[0], start + chunk_size), nodes.shape[0])
+        return torch.cat(outputs)
+
+    @torch.no_grad()
+    def sampled(self, model, nodes: np.ndarray, positions: np.ndarray, fanouts: list[int], device: torch.device,
+                chunk_size: int, seed: int, progress=None) -> torch.Tensor:
+        """The last layer's rows of ``nodes[positions]`` (this part's vertices, ``positions`` ascending) over
+        neighbourhoods sampled by ``fanouts``: chunk k of ``chunk_size`` of ``nodes`` keyed as the whole graph's
+        sampled inference keys it (``evaluate.py``), each rank sampling its own vertices of it, so that every
+        vertex draws what it draws there. Every rank takes part in every chunk, also with none of its own."""
+        model.eval()
+        sampler = PartitionedSampler(self.part, self.fetcher.exchange, fanouts)  # this thread's, for this pass
+        mine = np.zeros(nodes.shape[0], dtype=bool)
+        mine[positions] = True
+        outputs = [torch.zeros(0, model.width(model.num_layers - 1))]
+        for index, start in enumerate(range(0, nodes.shape[0], max(1, chunk_size))):
+            chunk = nodes[start:start + chunk_size][mine[start:start + chunk_size]]
+            subgraph = sampler.sample(chunk, batch_key(seed, -1, index))
+            rows, _ = self.fetcher.fetch(subgraph.input_nodes.numpy())
+            if chunk.shape[0]:
+                x = tensor_from_numpy(rows).float().to(device)
+                outputs.append(model([b.to(device) for b in subgraph.blocks], x).float().cpu())
+            if progress is not None:
+                progress(0, min(nodes.shape[0], start + chunk_size), nodes.shape[0])
         return torch.cat(outputs)
 
     def _chunks(self, count: int, chunk_size: int) -> range:

@@ -80,10 +80,9 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
         raise refuse(f"`mode` {config.mode}", "Give `mode` exact (or leave it out).")
     if device.type != "cpu":
         raise refuse(f"device {device}", "Give `device` cpu: the ranks exchange over gloo.")
-    given = config.settings_given(["split", "times", "normalize_features", "eval_fanouts"])
+    given = config.settings_given(["split", "times", "normalize_features"])
     if given:
-        raise refuse(", ".join(given), "Leave it out: the partition holds its split and rows as written, and "
-                     "evaluation runs full-neighbour inference across the parts.")
+        raise refuse(", ".join(given), "Leave it out: the partition holds its split and rows as written.")
     if needs_degrees(config.model, config.gcn_norm):
         raise refuse(f"`model` gcn with `gcn_norm` {config.gcn_norm}", "A part knows only its own vertices' "
                      "degrees; give `gcn_norm` mean, or `model` sage or gat.")
