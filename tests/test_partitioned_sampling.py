@@ -20,7 +20,7 @@ from neutronorch.errors import ConfigError
 from neutronorch.orchestration.remote_rows import RemoteRows
 from neutronorch.sampling.exchange import ThreadExchange
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
-from neutronorch.sampling.partitioned import PartitionedSampler
+from neutronorch.sampling.partitioned import PartitionedSampler, global_in_degrees
 
 SPEC = "synthetic:nodes=900,degree=7,homophily=0.8"
 FANOUTS = [[3, 2], [-1, 2], [5, -1, 4]]
@@ -130,6 +130,23 @@ def test_threads_holding_one_part_each_sample_the_whole_graphs_blocks(graph, fol
     assert asked > 0  # the hops reached other parts' vertices
     assert sum(s.exchange.sent_bytes for _, s in results) == sum(s.exchange.received_bytes for _, s in results)
     assert sum(s.asked for _, s in results) == sum(s.served for _, s in results)
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+def test_blocks_carry_their_sources_whole_graph_degrees_where_asked(graph, folders, parts):
+    def rank(r, exchange):
+        part = load_partition(folders["metis", parts], r, world_size=parts, verify=False)
+        gather = lambda t: [torch.from_numpy(a) for a in exchange.all_to_all([t.numpy()] * parts)]  # noqa: E731
+        degrees = global_in_degrees(part, gather)
+        assert np.array_equal(degrees, np.diff(graph.indptr).astype(np.float32))
+        sampler = PartitionedSampler(part, exchange, [5, 3], degrees)
+        full = NeighborSampler(graph.indptr, graph.indices, [5, 3], degrees=True)
+        for k, seeds in enumerate(rank_batches(graph, parts, r)):
+            sub, whole = sampler.sample(seeds, batch_key(7, 0, k)), full.sample(seeds, batch_key(7, 0, k))
+            assert_same(sub, whole)
+            assert all(torch.equal(a.src_degree, b.src_degree) for a, b in zip(sub.blocks, whole.blocks))
+
+    run_threads(rank, parts)
 
 
 @pytest.mark.parametrize("parts", [2, 4])

@@ -60,17 +60,17 @@ def by_owner(ids: np.ndarray, part_of: np.ndarray, parts: int) -> tuple[np.ndarr
 class PartitionedSampler(OneThread, Sampler):
     """``NeighborSampler``'s blocks for one rank holding ``part`` (``data.partition_files.Partition``), asking
     the other parts' ranks through ``exchange`` (rank ``part.part`` of ``part.parts``). Every rank must sample
-    the same number of hops at the same time, an empty batch included. ``degrees`` (the sources' in-degrees
-    in the whole graph) is not offered: the part knows only its own vertices' degrees.
+    the same number of hops at the same time, an empty batch included. ``degrees``: every vertex's in-degree in
+    the whole graph (float32; ``global_in_degrees``), which the blocks then carry for their sources.
 
     Not thread-safe (one vertex -> position map of the whole graph's size, as ``NeighborSampler``'s)."""
 
-    def __init__(self, part, exchange: Exchange, fanouts: list[int]):
+    def __init__(self, part, exchange: Exchange, fanouts: list[int], degrees: np.ndarray | None = None):
         if exchange.size != part.parts or exchange.rank != part.part:
             raise ConfigError(f"part {part.part} of {part.parts} sampled by rank {exchange.rank} of "
                               f"{exchange.size}: each rank samples the part of its number, one part per rank.")
         self.part, self.exchange, self.fanouts = part, exchange, list(fanouts)
-        self.degrees = False
+        self.degrees, self._degree_of = degrees is not None, degrees
         self.indptr, self.indices = part.indptr, part.indices
         n = part.num_nodes
         self._node_map = np.full(n, -1, dtype=np.int64)
@@ -95,10 +95,13 @@ class PartitionedSampler(OneThread, Sampler):
                 (local,), frontier = relabel_into(frontier, [nbrs], node_map, self._scratch)
                 frontiers.append(torch.from_numpy(frontier))
                 blocks.append(Block(num_dst, frontier.shape[0], torch.from_numpy(ptr), torch.from_numpy(local),
-                                    src_ids=frontiers[-1]))
+                                    src_degree=self.src_degree(frontier), src_ids=frontiers[-1]))
         finally:
             kernels.reset_map(frontier, node_map)
         return blocks, frontiers
+
+    def src_degree(self, sources: np.ndarray) -> torch.Tensor | None:
+        return torch.from_numpy(self._degree_of[sources]) if self.degrees else None
 
     def draw(self, dst: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray]:
         """``kernels.sample_neighbors(indptr, indices, dst, fanout, key)`` of the whole graph: (ptr, nbrs),
@@ -127,3 +130,16 @@ class PartitionedSampler(OneThread, Sampler):
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         rows = self.part.local(ids)
         return sample_rows(self.indptr, self.indices, rows, ids, fanout, np.uint64(key))
+
+
+def global_in_degrees(part, gather) -> np.ndarray:
+    """Every vertex's in-degree in the whole graph (float32, the whole graph's size), from each part's own:
+    ``gather(tensor)`` returns every rank's tensor (rank order; a collective) or, in one process, ``[tensor]``.
+    What symmetric GCN's blocks carry for their sources; 4 bytes a vertex, as ``part_of``."""
+    own = torch.from_numpy(np.diff(np.asarray(part.indptr)).astype(np.float32))
+    ids = gather(torch.from_numpy(np.array(part.ids, dtype=np.int64)))  # a copy: the map is read-only
+    values = gather(own)
+    degrees = np.zeros(part.num_nodes, np.float32)
+    for where, value in zip(ids, values):
+        degrees[where.numpy()] = value.numpy()
+    return degrees

@@ -33,8 +33,8 @@ class PartEvaluation:
     """The evaluation of a rank holding ``part``, fetching rows through ``exchange`` (which only the trainer's
     thread uses) among the ranks of ``world``."""
 
-    def __init__(self, part, exchange, world: World):
-        self.part, self.world = part, world
+    def __init__(self, part, exchange, world: World, degrees: np.ndarray | None = None):
+        self.part, self.world, self.degrees = part, world, degrees  # degrees: symmetric GCN's (global_in_degrees)
         self.fetcher = RemoteRows(part, exchange)
         self._node_map = np.full(part.num_nodes, -1, dtype=np.int64)
 
@@ -130,7 +130,7 @@ class PartEvaluation:
         sampled inference keys it (``evaluate.py``), each rank sampling its own vertices of it, so that every
         vertex draws what it draws there. Every rank takes part in every chunk, also with none of its own."""
         model.eval()
-        sampler = PartitionedSampler(self.part, self.fetcher.exchange, fanouts)  # this thread's, for this pass
+        sampler = PartitionedSampler(self.part, self.fetcher.exchange, fanouts, self.degrees)  # for this pass
         mine = np.zeros(nodes.shape[0], dtype=bool)
         mine[positions] = True
         outputs = [torch.zeros(0, model.width(model.num_layers - 1))]
@@ -167,6 +167,7 @@ class PartEvaluation:
         if ids.shape[0] == 0:
             return torch.zeros(0, model.width(layer))
         block = Block(ids.shape[0], frontier.shape[0], torch.from_numpy(ptr), torch.from_numpy(local),
+                      src_degree=None if self.degrees is None else torch.from_numpy(self.degrees[frontier]),
                       src_ids=torch.from_numpy(frontier))
         x_src = tensor_from_numpy(rows).float()
         return model.layer_forward(layer, block.to(device), x_src.to(device)).float().cpu()

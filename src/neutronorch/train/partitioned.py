@@ -26,7 +26,6 @@ from neutronorch.errors import ConfigError
 from neutronorch.features.placement import Placement
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.link import optimizer_groups
-from neutronorch.nn.names import needs_degrees
 from neutronorch.nn.precision import precision_dtype
 from neutronorch.observe import Spans, Utilisation
 from neutronorch.orchestration.access import FeatureAccess
@@ -37,7 +36,7 @@ from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.remote_rows import PartitionedLoader, RemoteRows
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.exchange import ThreadExchange
-from neutronorch.sampling.partitioned import PartitionedSampler
+from neutronorch.sampling.partitioned import PartitionedSampler, global_in_degrees
 from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
 from neutronorch.train.optim import Adam
@@ -83,9 +82,6 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
     given = config.settings_given(["split", "times", "normalize_features"])
     if given:
         raise refuse(", ".join(given), "Leave it out: the partition holds its split and rows as written.")
-    if needs_degrees(config.model, config.gcn_norm):
-        raise refuse(f"`model` gcn with `gcn_norm` {config.gcn_norm}", "A part knows only its own vertices' "
-                     "degrees; give `gcn_norm` mean, or `model` sage or gat.")
 
 
 @dataclass
@@ -183,9 +179,12 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     placement = Placement("cpu", None, 0, "host", "host", 0, "none", topology, part.features.nbytes, 0)
     access = FeatureAccess(device, FeatureStore(part.features, part.labels), placement, None, None)
     loader = PartitionedLoader(access, RemoteRows(part, sampling_exchange), spans, precision_dtype(config.precision))
+    # Symmetric GCN's blocks carry their sources' in-degrees in the whole graph: each part's own, gathered.
+    degrees = global_in_degrees(part, lambda t: world.all_gather_rows(t, "gathering the in-degrees") if
+                                world.distributed else [t]) if model.needs_degrees else None
     mode = PartitionedMode(world, evaluation_exchange, NodeSeeds(graph, sampling, part.part_of),
-                           lambda: PartitionedSampler(part, sampling_exchange, sampling.fanouts), loader, sampling,
-                           spans, threads.sampler)
+                           lambda: PartitionedSampler(part, sampling_exchange, sampling.fanouts, degrees), loader,
+                           sampling, spans, threads.sampler)
     stack.callback(mode.close)
     logger.info(f"partitioned: {world.describe()}; batch size {config.batch_size} per rank, "
                 f"{config.batch_size * world.size} per global batch, {mode.num_batches} global batches per epoch")
@@ -201,7 +200,7 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
               util, metrics, task, data_seconds=data_seconds, world=world, stop=stop,
               health=Health(task.constant_losses(train_labels), []))
-    run.partitioned = PartEvaluation(part, evaluation_exchange, world)
+    run.partitioned = PartEvaluation(part, evaluation_exchange, world, degrees)
     if world.distributed:
         run.sync = GradientSync(world, list(model.parameters()), stop, mode.averaged_gradients)
         run.stop = run.sync.agreed  # every rank stops after the same step
