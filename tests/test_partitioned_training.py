@@ -6,6 +6,7 @@ run's accuracy. What is not built yet is refused with the reason."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -249,11 +250,25 @@ def test_one_part_in_one_process_trains_as_the_whole_graph(graph, tmp_path):
     assert parted["exchange"]["evaluation"]["exchanges"] > 0  # one process: its own rows, through the exchange
 
 
+def test_rows_normalised_part_by_part_train_as_the_whole_graphs(graph, tmp_path):
+    positive = dataclasses.replace(graph, features=np.abs(graph.features) * 3)  # row sums above 1, normalised
+    folder = _partition(positive, tmp_path / "p1", 1, "random")
+    settings = dict(hidden=16, fanouts=[4, 4], epochs=1, batch_size=100, threads=1, sampler_threads=1,
+                    device="cpu", normalize_features="row")
+    whole = neutronorch.train(neutronorch.TrainConfig(log_jsonl=str(tmp_path / "a.jsonl"), **settings), positive)
+    parted = neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), log_jsonl=str(tmp_path / "b.jsonl"),
+                                                       **settings))
+    assert _step_losses(tmp_path / "b.jsonl") == _step_losses(tmp_path / "a.jsonl")  # bit for bit
+    assert parted["test_acc"] == whole["test_acc"]
+    negative = _partition(graph, tmp_path / "n1", 1, "random")  # rows with negative values: no sums to divide by
+    with pytest.raises(ConfigError, match="negative"):
+        neutronorch.train(neutronorch.TrainConfig(partitions=str(negative), **settings))
+
+
 @pytest.mark.parametrize("settings, message", [
     (dict(task="link"), "`task` link"),
     (dict(mode="device"), "`mode` device"),
     (dict(split="ratio:0.5,0.2"), "`split` ratio:0.5,0.2"),
-    (dict(normalize_features="row"), "`normalize_features` row"),
     (dict(dataset="synthetic:nodes=100"), "give one of them"),
     (dict(deal_by="parts"), "a partitioned run deals by its own parts"),
 ])

@@ -21,6 +21,7 @@ import torch
 
 from neutronorch.capabilities import PARTITIONED_MODES
 from neutronorch.config import TrainConfig, auto_batch_size
+from neutronorch.data.feature_norm import row_normalized
 from neutronorch.data.partition_files import load_partition
 from neutronorch.errors import ConfigError
 from neutronorch.features.placement import Placement
@@ -79,7 +80,7 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
         raise refuse(f"`mode` {config.mode}", "Give `mode` exact (or leave it out).")
     if device.type != "cpu":
         raise refuse(f"device {device}", "Give `device` cpu: the ranks exchange over gloo.")
-    given = config.settings_given(["split", "times", "normalize_features"])
+    given = config.settings_given(["split", "times"])
     if given:
         raise refuse(", ".join(given), "Leave it out: the partition holds its split and rows as written.")
 
@@ -159,6 +160,11 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     logger.info(f"loaded part {part.part} of {part.parts} of {graph.name} ({manifest['method']} parts): "
                 f"{part.ids.shape[0]:,} of {graph.num_nodes:,} vertices, {part.indices.shape[0]:,} of "
                 f"{graph.num_edges:,} edges, in {data_seconds:.1f}s")
+    if config.normalize_features != "none":  # row by row: each rank its own part's rows, which it then serves
+        part.features = on_every_rank(world, lambda: row_normalized(part.features, f"part {part.part}'s rows"),
+                                      "agreeing on the normalised feature rows")
+        logger.info(f"`normalize_features` {config.normalize_features}: each part's rows divided by their sums "
+                    f"where above 1")
     for note in graph.notes if world.main else []:
         logger.warning(f"note: {note}")
     model = gnn(config, graph.feature_dim, graph.num_classes).to(device)
@@ -206,6 +212,20 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
         run.stop = run.sync.agreed  # every rank stops after the same step
     attach_checkpoints(run, part, world)  # each rank's own file, and with `resume`, every rank's checked
     return run
+
+
+def on_every_rank(world: World, make, what: str):
+    """``make()``, whose ``ConfigError`` on any rank (the first, by rank) is raised on every rank, so that no
+    rank is left waiting for the others' next collective."""
+    try:
+        value, problem = make(), None
+    except ConfigError as exc:
+        value, problem = None, str(exc)
+    problems = world.all_gather_objects(problem, what) if world.distributed else [problem]
+    for rank, theirs in enumerate(problems):
+        if theirs:
+            raise ConfigError(f"rank {rank}: {theirs}" if world.distributed else theirs)
+    return value
 
 
 def limited(items, limit: dict):
