@@ -249,10 +249,17 @@ def test_dealing_by_a_partition_of_another_graph_or_part_count_is_refused(graph,
         dealing_owners(folder, 3, graph.num_nodes)
     with pytest.raises(ConfigError, match="the run's graph has 2,999"):
         dealing_owners(folder, 2, graph.num_nodes - 1)
-    with pytest.raises(ConfigError, match="`task` link has no such run yet"):
-        neutronorch.train(neutronorch.TrainConfig(deal_by=str(folder), task="link", device="cpu", epochs=1,
-                                                  log_jsonl=str(tmp_path / "log.jsonl")))
-    assert not (tmp_path / "log.jsonl").exists()
+
+
+def test_a_link_run_deals_its_seed_edges_by_a_partition(graph, tmp_path):
+    folder = _partition(graph, tmp_path / "p", 1, "random")
+    settings = dict(dataset=GRAPH, task="link", hidden=8, fanouts=[3, 3], epochs=1, batch_size=256, threads=1,
+                    sampler_threads=1, device="cpu", eval_negatives=5, metric="hits@5")
+    neutronorch.train(neutronorch.TrainConfig(deal_by=str(folder), log_jsonl=str(tmp_path / "a.jsonl"), **settings))
+    neutronorch.train(neutronorch.TrainConfig(log_jsonl=str(tmp_path / "b.jsonl"), **settings))
+    assert _step_losses(tmp_path / "a.jsonl") == _step_losses(tmp_path / "b.jsonl")  # one rank: every positive
+    with pytest.raises(ConfigError, match="holds 1 parts, but the run has 2 ranks"):
+        dealing_owners(folder, 2, graph.num_nodes)
 
 
 def test_the_command_line_keeps_a_partitioned_run_in_a_run_folder_named_after_the_parts(graph, tmp_path,

@@ -55,12 +55,10 @@ WHY = "(docs/distributed.md, \"Partitioned training\")"
 
 def check_request(config: TrainConfig, graph, model, options, device: torch.device) -> None:
     """Refuse, before any output is made, what a partitioned run cannot do yet, each with the reason."""
-    if config.deal_by is not None and (config.partitions is not None or config.task != "node"):
-        raise ConfigError(f"`deal_by` {config.deal_by}: deals a node task's seeds on the whole graph as a "
-                          f"partitioned run deals them; " + ("a partitioned run deals by its own parts" if
-                                                             config.partitions is not None else
-                                                             f"`task` {config.task} has no such run yet")
-                          + ". Leave `deal_by` out.")
+    if config.deal_by is not None and config.partitions is not None:
+        raise ConfigError(f"`deal_by` {config.deal_by}: deals a full-copy run's seeds on the whole graph as a "
+                          f"partitioned run deals them; a partitioned run deals by its own parts. Leave `deal_by` "
+                          f"out.")
     if config.partitions is None:
         return
 
