@@ -4,7 +4,8 @@ Its global mini-batches are the full-copy data-parallel run's (the root's split 
 and rank r trains the seeds of each that part r owns (``orchestration/seeds.py``, as a full-copy run with
 ``deal_by`` deals them), sampled across the parts with the global batch's key (``sampling/partitioned.py``), their rows and labels fetched from their owners
 (``orchestration/remote_rows.py``); gradients are averaged as in any data-parallel run, and evaluation runs the
-full-neighbour inference across the parts (``part_eval.py``). What is not built yet is refused, saying so."""
+full-neighbour inference across the parts (``part_eval.py``). A link split's folder trains a link task the same
+way, its seed edges dealt by their source's owner (``part_links.py``). What is not built yet is refused, saying so."""
 
 from __future__ import annotations
 
@@ -34,22 +35,25 @@ from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES
 from neutronorch.orchestration.loading import LoadingMode
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.remote_rows import PartitionedLoader, RemoteRows
+from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.exchange import ThreadExchange
 from neutronorch.sampling.partitioned import PartitionedSampler
 from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
+from neutronorch.train.link_task import LinkTask, check_link_settings, check_node_task
 from neutronorch.train.optim import Adam
 from neutronorch.train.part_checkpoint import attach_checkpoints
 from neutronorch.train.part_eval import PartEvaluation
 from neutronorch.train.part_exchange import GlooExchange
+from neutronorch.train.part_links import PartLinkEvaluation, check_task, link_model
 from neutronorch.train.run import Run
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import MetricLog
 from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")
-BUILT = "partitioned training (--partitions) is built for a node task in exact mode on the CPU so far"
+BUILT = "partitioned training (--partitions) is built for node and link tasks in exact mode on the CPU so far"
 WHY = "(docs/distributed.md, \"Partitioned training\")"
 
 
@@ -71,15 +75,14 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
     if config.settings_given(["dataset"]):
         raise ConfigError(f"`dataset` {config.dataset} and `partitions` {config.partitions}: the partition folder "
                           f"holds the graph it was made from; give one of them.")
-    if config.task != "node":
-        raise refuse(f"`task` {config.task}", "Train a node task; a partition carries no link split yet.")
+    check_task(config)  # a link split's folder trains a link task, any other a node task
     if config.mode not in PARTITIONED_MODES:
         raise refuse(f"`mode` {config.mode}", "Give `mode` exact (or leave it out).")
     if device.type != "cpu":
         raise refuse(f"device {device}", "Give `device` cpu: the ranks exchange over gloo.")
     if config.precision not in ("fp32", "auto"):
         raise refuse(f"`precision` {config.precision}", "Give `precision` fp32.")
-    given = config.settings_given(["split", "times", "normalize_features", "eval_fanouts"])
+    given = config.settings_given(["split", "times", "normalize_features", "eval_fanouts", "link_direction"])
     if given:
         raise refuse(", ".join(given), "Leave it out: the partition holds its split and rows as written, and "
                      "evaluation runs full-neighbour inference across the parts.")
@@ -91,7 +94,8 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
 @dataclass
 class PartGraph:
     """What a run reads of the whole graph where a rank holds one part: the manifest's sizes and classes, the
-    whole split (the root's files) and the part's own labels (their shape says the task's kind)."""
+    whole split (the root's files), the part's own labels (their shape says the task's kind) and a link
+    dataset's split."""
 
     name: str
     num_nodes: int
@@ -103,7 +107,7 @@ class PartGraph:
     train_idx: np.ndarray
     val_idx: np.ndarray
     test_idx: np.ndarray
-    links: None = None
+    links: object = None  # ``LinkSplit``: a link dataset's
     notes: list = field(default_factory=list)
 
     @classmethod
@@ -111,7 +115,7 @@ class PartGraph:
         graph = part.manifest["graph"]
         return cls(graph["name"], graph["num_nodes"], graph["num_edges"], graph["feature_dim"], graph["num_classes"],
                    graph["metric"], part.labels, *(part.global_splits[s] for s in ("train_idx", "val_idx", "test_idx")),
-                   notes=list(graph["notes"]))
+                   links=part.links, notes=list(graph["notes"]))
 
 
 class PartitionedMode(LoadingMode):
@@ -167,11 +171,17 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
         raise ConfigError(f"`precision` {config.precision}: {BUILT}, in float32 {WHY}. Give `precision` fp32.")
     for note in graph.notes if world.main else []:
         logger.warning(f"note: {note}")
-    model = gnn(config, graph.feature_dim, graph.num_classes).to(device)
+    link = graph.links is not None
+    if link:  # the link settings checked against the split, as a full-copy run checks them
+        check_link_settings(graph, config)
+    else:  # and a link task's settings refused on a node task, as a full-copy run refuses them
+        check_node_task(graph, config)
+    model = (link_model(config, gnn(config, graph.feature_dim, config.hidden), manifest) if link else
+             gnn(config, graph.feature_dim, graph.num_classes)).to(device)
     optimizer = Adam(optimizer_groups(model, config.lr), lr=config.lr, weight_decay=config.weight_decay)
     if config.batch_size == 0:
-        config.batch_size = auto_batch_size(len(graph.train_idx))
-    task = Task.of(graph, config.metric)
+        config.batch_size = auto_batch_size(graph.links.train.shape[1] if link else len(graph.train_idx))
+    task = LinkTask.of(graph, model, config.metric) if link else Task.of(graph, config.metric)
     if world.distributed:
         world.broadcast_module(model, "the initial weights' broadcast")
         sampling_exchange = GlooExchange.new(world, "the partitioned sampling's exchange")
@@ -185,7 +195,9 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     placement = Placement("cpu", None, 0, "host", "host", 0, "none", topology, part.features.nbytes, 0)
     access = FeatureAccess(device, FeatureStore(part.features, part.labels), placement, None, None)
     loader = PartitionedLoader(access, RemoteRows(part, sampling_exchange), spans)
-    mode = PartitionedMode(world, evaluation_exchange, NodeSeeds(graph, sampling, part.part_of),
+    seeds = (LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives, owner=part.part_of) if link
+             else NodeSeeds(graph, sampling, part.part_of))  # each global batch dealt by owner
+    mode = PartitionedMode(world, evaluation_exchange, seeds,
                            lambda: PartitionedSampler(part, sampling_exchange, sampling.fanouts), loader, sampling,
                            spans, threads.sampler)
     stack.callback(mode.close)
@@ -196,14 +208,14 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     util = stack.enter_context(contextlib.closing(Utilisation(device)))
     metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
     logger.info(f"task: {task.describe()}")
-    own = np.asarray(part.labels[part.local(part.splits["train_idx"])])
+    own = None if link else np.asarray(part.labels[part.local(part.splits["train_idx"])])
     train_labels = (torch.cat(world.all_gather_rows(torch.from_numpy(own.astype(np.int64)),
                                                     "gathering the training labels")).numpy()
-                    if world.distributed else own)
+                    if world.distributed and not link else own)
     run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
               util, metrics, task, data_seconds=data_seconds, world=world, stop=stop,
               health=Health(task.constant_losses(train_labels), []))
-    run.partitioned = PartEvaluation(part, evaluation_exchange, world)
+    run.partitioned = (PartLinkEvaluation if link else PartEvaluation)(part, evaluation_exchange, world)
     if world.distributed:
         run.sync = GradientSync(world, list(model.parameters()), stop, mode.averaged_gradients)
         run.stop = run.sync.agreed  # every rank stops after the same step
