@@ -278,6 +278,23 @@ def test_a_link_task_on_one_part_in_one_process_trains_as_the_whole_graph(tmp_pa
     assert parted["link"]["edges"] == whole["link"]["edges"]
 
 
+def test_stored_negatives_are_scored_on_parts_as_in_the_full_copy_run(tmp_path):
+    import dataclasses  # noqa: PLC0415
+    from neutronorch.data.partition_links import split_for_partition  # noqa: PLC0415
+    link = link_graph(load_dataset(GRAPH), neutronorch.TrainConfig(dataset=GRAPH, task="link"))
+    negatives = np.random.default_rng(0).integers(0, link.num_nodes, (2, 300)).astype(np.int64)
+    stored = dataclasses.replace(link.links, val_neg=negatives, test_neg=negatives[:, ::-1].copy(), negatives="shared",
+                                 metric="hits@20", issues=None, checked=None)
+    own = split_for_partition(dataclasses.replace(link, links=stored), None, 0, GRAPH)  # kept, and checked
+    write_partition(own, assign(own, 1, "random", 0), 1, tmp_path / "p", "random", 0, GRAPH)
+    settings = dict(LINK, batch_size=2000, epochs=1)
+    del settings["eval_negatives"]  # the stored ones are scored
+    whole = neutronorch.train(neutronorch.TrainConfig(**settings), graph=own)
+    parted = neutronorch.train(neutronorch.TrainConfig(partitions=str(tmp_path / "p"), **settings))
+    assert parted["metric"] == whole["metric"] and parted["test_hits_20"] == whole["test_hits_20"]
+    assert parted["val_hits_20"] == whole["val_hits_20"] and parted["link"]["negatives"] == "shared"
+
+
 class _GatheringWorld(_ThreadWorld):
     distributed = True
 
