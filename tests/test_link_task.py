@@ -67,6 +67,27 @@ def test_link_batches_are_keyed_and_their_targets_point_at_each_pair(graph):
     assert torch.equal(torch.cat(negatives), batch.seeds[batch.targets[:, 2:]])
 
 
+def test_link_batches_dealt_by_owner_give_each_rank_the_positives_whose_source_it_owns(graph):
+    sampling = SamplingConfig([5, 5], 60, seed=3, prefetch=1)
+    owner = np.random.default_rng(0).integers(0, 2, graph.num_nodes).astype(np.int32)
+    whole = LinkSeeds(graph.links.train, graph.num_nodes, dataclasses.replace(sampling, batch_size=120), 4)
+    ranks = [LinkSeeds(graph.links.train, graph.num_nodes, dataclasses.replace(sampling, rank=r, world=2), 4,
+                       owner=owner) for r in range(2)]
+    batch, parts = whole.epoch(1)[2], [seeds.epoch(1)[2] for seeds in ranks]
+    pairs = [p.seeds[p.targets[:, :2]].T for p in parts]
+    assert all((owner[pair[0].numpy()] == r).all() for r, pair in enumerate(pairs))
+    assert 0 < pairs[0].shape[1] < batch.exclude.shape[1]  # uneven shares: not the tensor_split halves
+    mine = torch.from_numpy(owner[batch.exclude[0].numpy()] == 0)
+    # Each rank's positives in the global batch's order, with the negatives one process draws for them.
+    assert torch.equal(pairs[0], batch.exclude[:, mine]) and torch.equal(pairs[1], batch.exclude[:, ~mine])
+    negatives = batch.seeds[batch.targets[:, 2:]]
+    assert torch.equal(parts[0].seeds[parts[0].targets[:, 2:]], negatives[mine])
+    assert all(torch.equal(p.exclude, batch.exclude) for p in parts)  # every rank leaves out the global batch's
+    shares = [seeds.rank_shares(1) for seeds in ranks]
+    assert shares[0][2] == 2 * pairs[0].shape[1] / batch.exclude.shape[1]
+    np.testing.assert_allclose(shares[0] + shares[1], 2.0)
+
+
 def test_pair_targets_of_repeated_ends():
     seeds, targets = pair_targets(torch.tensor([[5, 5], [2, 9]]), torch.tensor([[2], [7]]))
     assert seeds.tolist() == [2, 5, 7, 9]

@@ -4,6 +4,7 @@ parts; and a clear error for each way a folder can be wrong."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -282,3 +283,62 @@ def test_parts_metis_left_off_balance_are_partitioned_again(monkeypatch, bad, ke
     else:
         assert balance == kept and len(fake.calls) == bad + 1
         assert np.bincount(part_of, minlength=4).max() <= 1.05 * n / 4
+
+
+def test_a_link_split_is_written_whole_and_checksummed_and_read_back(tmp_path, capsys):
+    from neutronorch import TrainConfig  # noqa: PLC0415
+    from neutronorch.data.links import row_statistics  # noqa: PLC0415
+    from neutronorch.train.link_task import link_graph  # noqa: PLC0415
+    out = tmp_path / "links"
+    argv = ["partition", SPEC, "--parts", "2", "--out", str(out), "--method", "metis", "--seed", "3"]
+    assert main([*argv, "--split", "edges:0.8,0.1"]) == 0
+    # The split of `train --task link --split edges:0.8,0.1 --seed 3`, its topology partitioned.
+    expected = link_graph(load_dataset(SPEC), TrainConfig(dataset=SPEC, task="link", split="edges:0.8,0.1", seed=3))
+    parts = [load_partition(out, k) for k in range(2)]
+    for name in ("train", "val", "test"):
+        assert np.array_equal(parts[0].links.__getattribute__(name), getattr(expected.links, name))
+    assert parts[1].links.undirected == expected.links.undirected and parts[1].links.val_neg is None
+    assert sum(p.indices.shape[0] for p in parts) == expected.num_edges  # the held-out edges are out of it
+    manifest = read_manifest(out)
+    assert manifest["links"]["input_norm"] == row_statistics(expected.features)[0]
+    assert manifest["balance"][1] == "training vertices"  # weighted by the training edges each is the source of
+    assert sum(s["train_links"] for s in manifest["part_stats"]) == expected.links.train.shape[1]
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["links"]["sets"] == ["train", "val", "test"] and info["checksums"]["state"] == "ok"
+    # Another split of the same graph is another partition (its id differs), and a damaged split is found.
+    assert main([*argv[:-1], "4", "--out", str(tmp_path / "other"), "--split", "edges:0.8,0.1"]) == 0
+    assert read_manifest(tmp_path / "other")["id"] != manifest["id"]
+    train = np.load(out / "link_train.npy")
+    np.save(out / "link_train.npy", train[:, ::-1])
+    with pytest.raises(DataError, match="link_train.npy: checksum differs"):
+        load_partition(out, 0)
+
+
+@pytest.mark.parametrize("split, message", [
+    ("ratio:0.5,0.2", "a partition takes a link split, edges:TRAIN,VAL"),
+    ("edges:0.9,0.2", "edges:0.9,0.2"),
+])
+def test_a_split_that_is_no_link_split_is_refused(tmp_path, capsys, split, message):
+    assert main(["partition", SPEC, "--parts", "2", "--out", str(tmp_path / "p"), "--method", "random",
+                 "--split", split]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_dataset_with_its_own_link_split_keeps_it_and_refuses_another(graph, tmp_path):
+    from neutronorch.data.links import LinkSplit  # noqa: PLC0415
+    from neutronorch.data.partition_links import split_for_partition  # noqa: PLC0415
+    destinations = np.repeat(np.arange(graph.num_nodes), np.diff(graph.indptr))
+    edges = np.stack([np.asarray(graph.indices[:30]), destinations[:30]])
+    negatives = np.arange(40, dtype=np.int64).reshape(2, 20)
+    links = LinkSplit(edges[:, :20].astype(np.int64), edges[:, 20:25].astype(np.int64),
+                      edges[:, 25:].astype(np.int64), negatives, negatives, negatives="shared", metric="hits@5")
+    own = dataclasses.replace(graph, links=links)
+    with pytest.raises(ConfigError, match="carries its own link split; leave `split` out"):
+        split_for_partition(own, "edges:0.8,0.1", 0, SPEC)
+    write_partition(own, assign(own, 2, "random", 0), 2, tmp_path / "p", "random", 0, SPEC)
+    loaded = load_partition(tmp_path / "p", 1).links
+    assert np.array_equal(loaded.test_neg, negatives) and loaded.negative_kind == "shared"
+    assert loaded.metric == "hits@5"

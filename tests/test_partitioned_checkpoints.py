@@ -177,3 +177,19 @@ def test_a_killed_rank_makes_the_other_fail_with_a_message_not_hang(tmp_path):
             if rank.poll() is None:
                 rank.kill()
             rank.communicate()
+
+
+def test_a_link_run_on_parts_stopped_mid_epoch_resumes_bit_for_bit(tmp_path):
+    from test_partitioned_training import LINK, _link_partition  # noqa: PLC0415
+    folder = _link_partition(tmp_path / "p1", 1)
+    run = lambda name, resume=False, **given: neutronorch.train(neutronorch.TrainConfig(  # noqa: E731
+        partitions=str(folder), **{**LINK, "batch_size": 2000}, epochs=2, dropout=0.4, log_every=1,
+        checkpoint_dir=str(tmp_path / name), log_jsonl=str(tmp_path / f"{name}.jsonl"), resume=resume), **given)
+    whole = run("whole")
+    stop = threading.Event()
+    with pytest.raises(Interrupted):  # stopped in epoch 1 after its step 2
+        run("ck", progress=lambda epoch, done, total: epoch == 1 and done == 2 and stop.set(), stop=stop)
+    assert torch.load(tmp_path / "ck" / "last.pt", weights_only=True)["partition"]["parts"] == 1
+    resumed = run("ck", resume=True)
+    assert _step_losses(tmp_path / "ck.jsonl") == _step_losses(tmp_path / "whole.jsonl")  # 10 steps, bit for bit
+    assert resumed["test_mrr"] == whole["test_mrr"] and resumed["epochs"][1]["resumed_at_step"] == 2

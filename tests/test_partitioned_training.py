@@ -34,6 +34,7 @@ from neutronorch.train.distributed import World
 from neutronorch.train.evaluate import scored
 from neutronorch.train.health import EvaluationCheck
 from neutronorch.train.layerwise import layerwise, sampled_logits
+from neutronorch.train.link_task import link_graph
 from neutronorch.train.part_eval import PartEvaluation
 from neutronorch.train.task import Task
 from test_partitioned_sampling import run_threads
@@ -266,11 +267,13 @@ def test_rows_normalised_part_by_part_train_as_the_whole_graphs(graph, tmp_path)
 
 
 @pytest.mark.parametrize("settings, message", [
-    (dict(task="link"), "`task` link"),
+    (dict(link_direction="directed"), "`link_direction` directed"),
     (dict(mode="device"), "`mode` device"),
     (dict(split="ratio:0.5,0.2"), "`split` ratio:0.5,0.2"),
     (dict(dataset="synthetic:nodes=100"), "give one of them"),
     (dict(deal_by="parts"), "a partitioned run deals by its own parts"),
+    (dict(task="link", eval_fanouts=[4, 4]), "with `task` link"),
+    (dict(task="link", normalize_features="row"), "`normalize_features` row with `task` link"),
 ])
 def test_what_is_not_built_yet_is_refused_with_the_reason(tmp_path, settings, message):
     with pytest.raises(ConfigError) as caught:
@@ -280,6 +283,94 @@ def test_what_is_not_built_yet_is_refused_with_the_reason(tmp_path, settings, me
     assert not (tmp_path / "log.jsonl").exists()  # refused before any output is made
 
 
+LINK = dict(task="link", hidden=16, fanouts=[4, 4], batch_size=256, eval_negatives=20, threads=1,
+            sampler_threads=1, device="cpu")
+
+
+def _link_partition(folder: Path, parts: int, method: str = "random", seed: int = 0) -> Path:
+    link = link_graph(load_dataset(GRAPH), neutronorch.TrainConfig(dataset=GRAPH, task="link", seed=seed))
+    write_partition(link, assign(link, parts, method, seed=seed), parts, folder, method, seed, GRAPH)
+    return folder
+
+
+def test_a_partitions_task_is_its_own(graph, tmp_path):
+    nodes, links = _partition(graph, tmp_path / "n", 1, "random"), _link_partition(tmp_path / "l", 1)
+    for folder, task, message in ((nodes, "link", "holds no link split"), (links, "node", "give `task` link")):
+        with pytest.raises(ConfigError, match=message):
+            neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), task=task, device="cpu", epochs=1,
+                                                      log_jsonl=str(tmp_path / "log.jsonl")))
+    assert not (tmp_path / "log.jsonl").exists()
+    with pytest.raises(ConfigError, match="`negatives` 3: a link task"):
+        neutronorch.train(neutronorch.TrainConfig(partitions=str(nodes), negatives=3, device="cpu", epochs=1))
+
+
+def test_a_link_task_on_one_part_in_one_process_trains_as_the_whole_graph(tmp_path):
+    folder = _link_partition(tmp_path / "p1", 1)
+    settings = dict(LINK, epochs=1, dropout=0.3, metric="hits@10")
+    whole = neutronorch.train(neutronorch.TrainConfig(dataset=GRAPH, log_jsonl=str(tmp_path / "a.jsonl"),
+                                                      **settings))
+    parted = neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), log_jsonl=str(tmp_path / "b.jsonl"),
+                                                       **settings))
+    assert _step_losses(tmp_path / "b.jsonl") == _step_losses(tmp_path / "a.jsonl")  # bit for bit
+    assert parted["test_hits_10"] == whole["test_hits_10"] and parted["val_hits_10"] == whole["val_hits_10"]
+    for key in ("val_mrr", "test_mrr", "val_rocauc", "test_rocauc"):  # every metric reported
+        assert parted["epochs"][0][key] == whole["epochs"][0][key], key
+    assert parted["link"]["edges"] == whole["link"]["edges"]
+
+
+def test_stored_negatives_are_scored_on_parts_as_in_the_full_copy_run(tmp_path):
+    import dataclasses  # noqa: PLC0415
+    from neutronorch.data.partition_links import split_for_partition  # noqa: PLC0415
+    link = link_graph(load_dataset(GRAPH), neutronorch.TrainConfig(dataset=GRAPH, task="link"))
+    negatives = np.random.default_rng(0).integers(0, link.num_nodes, (2, 300)).astype(np.int64)
+    stored = dataclasses.replace(link.links, val_neg=negatives, test_neg=negatives[:, ::-1].copy(), negatives="shared",
+                                 metric="hits@20", issues=None, checked=None)
+    own = split_for_partition(dataclasses.replace(link, links=stored), None, 0, GRAPH)  # kept, and checked
+    write_partition(own, assign(own, 1, "random", 0), 1, tmp_path / "p", "random", 0, GRAPH)
+    settings = dict(LINK, batch_size=2000, epochs=1)
+    del settings["eval_negatives"]  # the stored ones are scored
+    whole = neutronorch.train(neutronorch.TrainConfig(**settings), graph=own)
+    parted = neutronorch.train(neutronorch.TrainConfig(partitions=str(tmp_path / "p"), **settings))
+    assert parted["metric"] == whole["metric"] and parted["test_hits_20"] == whole["test_hits_20"]
+    assert parted["val_hits_20"] == whole["val_hits_20"] and parted["link"]["negatives"] == "shared"
+
+
+class _GatheringWorld(_ThreadWorld):
+    distributed = True
+
+    def broadcast_module(self, module, what, buffers_only=False):
+        pass
+
+
+@pytest.mark.parametrize("metric", ["mrr", "rocauc"])
+def test_link_metrics_across_parts_are_the_whole_graphs(tmp_path, metric):
+    from neutronorch.nn.link import LinkModel  # noqa: PLC0415
+    from neutronorch.train.link_task import LinkTask, evaluate_links  # noqa: PLC0415
+    from neutronorch.train.part_links import PartLinkEvaluation  # noqa: PLC0415
+    from neutronorch.train.partitioned import PartGraph  # noqa: PLC0415
+    link = link_graph(load_dataset(GRAPH), neutronorch.TrainConfig(dataset=GRAPH, task="link"))
+    folder, ranks = _link_partition(tmp_path / "p", 3), 3
+    torch.manual_seed(0)
+    model = LinkModel(GNN("sage", link.feature_dim, 12, 12, 2), "dot").eval()
+    task = LinkTask(model, metric)
+    expected = evaluate_links(model, link, FeatureStore(link.features, link.labels), torch.device("cpu"), 300, 0,
+                              20, task)
+    shared = {"slots": [None] * ranks, "barrier": threading.Barrier(ranks, timeout=60)}
+
+    def rank(r, exchange):
+        part = load_partition(folder, r, verify=False)
+        run = types.SimpleNamespace(config=neutronorch.TrainConfig(eval_batch_size=200 + 70 * r, eval_negatives=20),
+                                    model=model, device=torch.device("cpu"), graph=PartGraph.of(part), task=task)
+        return PartLinkEvaluation(part, exchange, _GatheringWorld(r, shared)).evaluate(run, EvaluationCheck(1))
+
+    got = run_threads(rank, ranks)
+    assert got[0] == got[1] == got[2]  # every rank scores every pair from the same rows
+    assert got[0].keys() == expected.keys()
+    # The same rows up to the order of float32 sums in the layers' matrix products (chunks differ by rank).
+    for key, value in expected.items():
+        assert got[0][key] == pytest.approx(value, abs=1e-6), key
+
+
 def test_dealing_by_a_partition_of_another_graph_or_part_count_is_refused(graph, tmp_path):
     folder = _partition(graph, tmp_path / "p", 2, "random")
     assert dealing_owners(folder, 2, graph.num_nodes).shape == (graph.num_nodes,)
@@ -287,10 +378,17 @@ def test_dealing_by_a_partition_of_another_graph_or_part_count_is_refused(graph,
         dealing_owners(folder, 3, graph.num_nodes)
     with pytest.raises(ConfigError, match="the run's graph has 2,999"):
         dealing_owners(folder, 2, graph.num_nodes - 1)
-    with pytest.raises(ConfigError, match="`task` link has no such run yet"):
-        neutronorch.train(neutronorch.TrainConfig(deal_by=str(folder), task="link", device="cpu", epochs=1,
-                                                  log_jsonl=str(tmp_path / "log.jsonl")))
-    assert not (tmp_path / "log.jsonl").exists()
+
+
+def test_a_link_run_deals_its_seed_edges_by_a_partition(graph, tmp_path):
+    folder = _partition(graph, tmp_path / "p", 1, "random")
+    settings = dict(dataset=GRAPH, task="link", hidden=8, fanouts=[3, 3], epochs=1, batch_size=256, threads=1,
+                    sampler_threads=1, device="cpu", eval_negatives=5, metric="hits@5")
+    neutronorch.train(neutronorch.TrainConfig(deal_by=str(folder), log_jsonl=str(tmp_path / "a.jsonl"), **settings))
+    neutronorch.train(neutronorch.TrainConfig(log_jsonl=str(tmp_path / "b.jsonl"), **settings))
+    assert _step_losses(tmp_path / "a.jsonl") == _step_losses(tmp_path / "b.jsonl")  # one rank: every positive
+    with pytest.raises(ConfigError, match="holds 1 parts, but the run has 2 ranks"):
+        dealing_owners(folder, 2, graph.num_nodes)
 
 
 def test_the_command_line_keeps_a_partitioned_run_in_a_run_folder_named_after_the_parts(graph, tmp_path,
@@ -383,3 +481,29 @@ def test_ranks_on_parts_reproduce_the_full_copy_run_bit_for_bit(tmp_path, method
     assert sum(t["sent_bytes"] for t in traffic) == sum(t["received_bytes"] for t in traffic)
     if ranks == 2:
         assert traffic[0]["sent_bytes"] == traffic[1]["received_bytes"]
+
+
+@pytest.mark.slow
+def test_ranks_on_parts_of_a_link_split_reproduce_the_full_copy_run_bit_for_bit(tmp_path):
+    # 9,645 training edges in global batches of 2 x 1,000: each rank trains the positives whose source its part
+    # owns, with the negatives one process draws; the full-copy run deals them so (`--deal-by`).
+    folder = _link_partition(tmp_path / "parts", 2, "metis")
+    args = [*COMMON, "--task", "link", "--epochs", "2", "--batch-size", "1000", "--dropout", "0.4",
+            "--eval-negatives", "20", "--dist-timeout", "60"]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
+              "neutronorch", "train", *args]
+    runs = {}
+    for name, source in (("parts", ["--partitions", str(folder)]),
+                         ("full", ["--dataset", GRAPH, "--deal-by", str(folder)])):
+        done = subprocess.run([*launch, *source, "--log-jsonl", str(tmp_path / f"{name}.jsonl"), "--summary-json",
+                               str(tmp_path / f"{name}.json")], capture_output=True, text=True, timeout=300,
+                              env=_env())
+        assert done.returncode == 0, done.stderr
+        runs[name] = (_step_losses(tmp_path / f"{name}.jsonl"), json.loads((tmp_path / f"{name}.json").read_text()))
+    (parted, summary), (full, expected) = runs["parts"], runs["full"]
+    assert len(parted) == len(full) == 10
+    assert parted == full  # bit for bit
+    for key in ("val_mrr", "test_mrr", "final_val_mrr", "final_test_mrr"):  # up to float32 sum order
+        assert summary[key] == pytest.approx(expected[key], abs=1e-6), key
+    traffic = summary["epochs"][0]["exchange"]
+    assert all(t["sent_bytes"] > 0 and t["received_bytes"] > 0 for t in traffic)

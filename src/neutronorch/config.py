@@ -49,12 +49,13 @@ class TrainConfig:
     partitions: str | None = setting(
         None, type=str, metavar="DIR",
         help="train on a partition folder (`neutronorch partition`) instead of `dataset`: rank r of a torchrun "
-             "launch holds part r only and asks the other ranks for what it lacks; a node task in exact mode on "
-             "the CPU (docs/distributed.md, \"Partitioned training\")")
+             "launch holds part r only and asks the other ranks for what it lacks; a node or link task in exact "
+             "mode on the CPU (docs/distributed.md, \"Partitioned training\")")
     deal_by: str | None = setting(
         None, type=str, metavar="DIR",
-        help="data parallel on the whole graph: deal each global batch's seeds to the ranks by their part in the "
-             "partition folder DIR, as `--partitions DIR` deals them, so that the two runs' losses compare step "
+        help="data parallel on the whole graph: deal each global batch's seeds (a link task's: by their source) "
+             "to the ranks by their part in the partition folder DIR, as `--partitions DIR` deals them, so that the "
+             "two runs' losses compare step "
              "for step (docs/distributed.md, \"Partitioned training\")")
     task: str = setting(
         "node", choices=TASKS, short="node (classification) or link (prediction)",

@@ -24,10 +24,14 @@ def add_partition_options(parser: argparse.ArgumentParser) -> None:
                              "pymetis: pip install 'neutronorch[partition]'); random: vertices dealt out at "
                              "random (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed of METIS or of the random order (default: 0)")
+    parser.add_argument("--split", metavar="edges:T,V",
+                        help="for `train --task link`: split the edges as `train --split edges:T,V --seed S` does "
+                             "(a dataset's own link split is kept without it)")
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
     from neutronorch.data.partition import assign, check_graph, check_request, refuse_typed, write_partition
+    from neutronorch.data.partition_links import split_for_partition
     from neutronorch.train.output_guard import check_creatable, check_distinct, check_name_lengths, check_space
 
     t0 = time.perf_counter()
@@ -46,6 +50,9 @@ def cmd_partition(args: argparse.Namespace) -> int:
     say(f"reading {args.dataset}")
     graph = load_dataset(args.dataset)
     check_graph(graph, args.dataset, args.parts)
+    if args.split is not None:
+        say(f"splitting the edges ({args.split}, seed {args.seed})")
+    graph = split_for_partition(graph, args.split, args.seed, args.dataset)
     check_space("out", target, sum(int(a.nbytes) for a in graph.arrays() if a is not None) + graph.num_nodes * 24)
     say(f"assigning {graph.num_nodes:,} vertices to {args.parts} parts ({args.method})")
     assigned = assign(graph, args.parts, args.method, args.seed, say)

@@ -235,3 +235,14 @@ class LinkEnds:
         second = self.offsets[self.types[1]]
         cut = int((ids < second).sum())
         return {self.types[0]: ids[:cut], self.types[1]: ids[cut:] - second}
+
+
+def row_statistics(features, rows: int = 4096) -> tuple[float, np.ndarray | None]:
+    """The root mean square of the L2 norms of up to ``rows`` evenly spaced feature rows (memory-mapped arrays
+    read at those rows only), and their mean row (None without rows): ``LinkModel``'s ``input_norm`` and
+    ``input_mean``."""
+    count = int(features.shape[0])
+    if count == 0:
+        return 1.0, None
+    sample = np.asarray(features[np.linspace(0, count - 1, min(rows, count)).astype(np.int64)], dtype=np.float64)
+    return float(np.sqrt((sample * sample).sum(axis=1).mean())), sample.mean(axis=0).astype(np.float32)

@@ -2,8 +2,9 @@
 every vertex gets one owner part, by METIS (``pymetis``) or at random, and each part is written as a folder
 of memory-mappable ``.npy`` arrays: its owned vertices' global ids, their in-edges as a CSC whose rows are
 the owned vertices in local order and whose columns are GLOBAL ids, and their features, labels and split ids.
-The folder's root holds the owner and the local index of every vertex and ``partition.json`` (the manifest,
-``partition_files.py`` reads and checks it), written last: a folder is written whole or not at all."""
+The folder's root holds the owner and the local index of every vertex, a link-prediction dataset's split
+(``partition_links.py``) and ``partition.json`` (the manifest, ``partition_files.py`` reads and checks it),
+written last: a folder is written whole or not at all."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from neutronorch.data.checks import SPLITS
 from neutronorch.data.dtypes import is_bfloat16
 from neutronorch.data.graph import Graph
 from neutronorch.data.native import save_array
+from neutronorch.data.links import row_statistics
+from neutronorch.data.partition_links import link_arrays, link_manifest
 from neutronorch.data.partition_files import (FORMAT, FORMAT_VERSION, GLOBAL_ARRAYS, MANIFEST, METHODS, PART_ARRAYS,
                                               PART_META, digest, part_folder, partition_id)
 from neutronorch.errors import ConfigError, DataError
@@ -53,13 +56,10 @@ def metis():
 
 
 def check_graph(graph, spec: str, parts: int) -> None:
-    """A graph this module can partition into ``parts``: homogeneous, with no link split and no times, enough
-    vertices."""
+    """A graph this module can partition into ``parts``: homogeneous, with no times, enough vertices (a link
+    split, if any, is ``partition_links.split_for_partition``'s to check)."""
     if not isinstance(graph, Graph):
         refuse_typed(spec)
-    if graph.links is not None:
-        raise DataError(f"{spec}: a link-prediction dataset; its supervision edges are not partitioned yet. "
-                        f"Partition a node-classification dataset.")
     if graph.temporal:
         raise DataError(f"{spec}: a graph with edge or vertex times; a partition does not carry times yet, and "
                         f"training on parts without them would sample the future (docs/temporal.md). Partition a "
@@ -131,9 +131,13 @@ def metis_parts(graph: Graph, parts: int, seed: int, say: Say = lambda line: Non
 
 
 def constraints(graph: Graph) -> dict[str, np.ndarray]:
-    """METIS's vertex weights by what they balance (``BALANCE``), less those no vertex weighs."""
+    """METIS's vertex weights by what they balance (``BALANCE``), less those no vertex weighs. A link task's
+    training weight of a vertex is the training positives whose source it is (by which its batches are dealt)."""
     training = np.zeros(graph.num_nodes, dtype=np.int64)
-    training[np.asarray(graph.train_idx)] = 1
+    if graph.links is not None:
+        training = np.bincount(np.asarray(graph.links.train[0], dtype=np.int64), minlength=graph.num_nodes)
+    else:
+        training[np.asarray(graph.train_idx)] = 1
     columns = (np.ones(graph.num_nodes, dtype=np.int64), training, np.diff(np.asarray(graph.indptr)).astype(np.int64))
     return {name: column for name, column in zip(BALANCE, columns) if column.any()}
 
@@ -200,7 +204,11 @@ def write_partition(graph: Graph, assigned: tuple[np.ndarray, list[str]], parts:
         saved(folder, "local_index.npy", local_index)
         for split in SPLITS:
             saved(folder, f"{split}.npy", np.asarray(getattr(graph, split), dtype=np.int64))
-        ident = partition_id(files["part_of.npy"]["sha256"], graph.name, n, graph.num_edges)
+        for name, array in link_arrays(graph.links).items() if graph.links is not None else ():
+            saved(folder, name, array)
+        owners = files["part_of.npy"]["sha256"]  # and a link split's training edges: another split, another id
+        owners += f":{files['link_train.npy']['sha256']}" if graph.links is not None else ""
+        ident = partition_id(owners, graph.name, n, graph.num_edges)
         for k in range(parts):
             say(f"writing part {k} of {parts}: {int(counts[k]):,} vertices")
             ids = order[starts[k]:starts[k + 1]].astype(np.int64)
@@ -220,6 +228,8 @@ def write_partition(graph: Graph, assigned: tuple[np.ndarray, list[str]], parts:
                 mine = ids_of[part_of[ids_of] == k]
                 saved(folder, f"{sub}/{split}.npy", mine)
                 entry[split.removesuffix("_idx")] = int(mine.shape[0])
+            if graph.links is not None:  # the training positives this part's rank trains (by their source)
+                entry["train_links"] = int(np.count_nonzero(part_of[np.asarray(graph.links.train[0])] == k))
             stats.append(entry)
             (folder / sub / PART_META).write_text(json.dumps({"id": ident, "part": k, "parts": parts}) + "\n")
         manifest.update(id=ident, part_stats=stats, files=files)
@@ -235,6 +245,8 @@ def write_partition(graph: Graph, assigned: tuple[np.ndarray, list[str]], parts:
                           "metric": graph.metric, "notes": list(graph.notes)},
                 "edge_cut": {"edges": int(cut.sum()), "fraction": float(cut.sum() / max(graph.num_edges, 1))},
                 "global_arrays": list(GLOBAL_ARRAYS), "part_arrays": list(PART_ARRAYS)}
+    if graph.links is not None:  # the link split, and what a link model starts from (the whole graph's rows)
+        manifest["links"] = link_manifest(graph.links, *row_statistics(features))
     write_folder(Path(out), fill)
     return manifest
 

@@ -15,6 +15,8 @@ import numpy as np
 from neutronorch.data.checks import SPLITS
 from neutronorch.data.dtypes import BFLOAT16, bfloat16
 from neutronorch.data.files import open_npy
+from neutronorch.data.links import LinkSplit
+from neutronorch.data.partition_links import link_files, load_links
 from neutronorch.errors import ConfigError, DataError
 
 FORMAT, FORMAT_VERSION = "neutronorch-partition", 1
@@ -139,7 +141,7 @@ class Partition:
     ``ids[i]``), their in-edges as a CSC over the local rows whose ``indices`` are global ids, and their
     features, labels and split ids (global ids of owned vertices, in the source split's order); plus the
     global ``part_of`` (owner of every vertex), ``local_index`` (its index in its owner) and ``global_splits``
-    (the whole graph's split, in its order)."""
+    (the whole graph's split, in its order), and a link dataset's ``links``."""
 
     part: int
     parts: int
@@ -153,6 +155,7 @@ class Partition:
     part_of: np.ndarray
     local_index: np.ndarray
     global_splits: dict[str, np.ndarray]
+    links: LinkSplit | None = None  # a link-prediction dataset's split, whole (``partition_links.py``)
 
     @property
     def num_nodes(self) -> int:
@@ -183,6 +186,7 @@ def load_partition(folder: str | Path, part: int, world_size: int | None = None,
         raise ConfigError(f"{folder}: part {part!r} is out of range; the folder holds parts 0 to {parts - 1}.")
     check_part_meta(folder, manifest, part)
     names = [f"{a}.npy" for a in GLOBAL_ARRAYS] + [f"{part_folder(part)}/{a}.npy" for a in PART_ARRAYS]
+    names += link_files(manifest)
     if verify:
         bad = {name: state for name, state in file_states(folder, manifest, names).items() if state != "ok"}
         if bad:
@@ -209,7 +213,7 @@ def load_partition(folder: str | Path, part: int, world_size: int | None = None,
         features=features, labels=array(f"{sub}/labels.npy", label_shape),
         splits={s: array(f"{sub}/{s}.npy", (stats[s.removesuffix('_idx')],)) for s in SPLITS},
         part_of=array("part_of.npy", (n,)), local_index=array("local_index.npy", (n,)),
-        global_splits={s: array(f"{s}.npy") for s in SPLITS})
+        global_splits={s: array(f"{s}.npy") for s in SPLITS}, links=load_links(folder, manifest, AGAIN))
 
 
 def partition_summary(folder: str | Path) -> dict:
@@ -235,8 +239,10 @@ def partition_summary(folder: str | Path) -> dict:
     return {"partition": str(folder), "graph": graph["name"], "nodes": graph["num_nodes"], "edges": graph["num_edges"],
             "parts": parts, "method": manifest["method"], "seed": manifest["seed"], "balanced_on": manifest["balance"],
             "source": manifest["source"],
-            "per_part": [{key: entry[key] for key in ("nodes", "edges", "train", "val", "test", "cut_edges")}
-                         for entry in stats],
+            "per_part": [{key: entry[key] for key in ("nodes", "edges", "train", "val", "test", "train_links",
+                                                      "cut_edges") if key in entry} for entry in stats],
+            **({"links": {key: manifest["links"][key] for key in ("sets", "undirected", "negatives", "metric")}}
+               if manifest.get("links") else {}),
             "balance_max_over_mean": {"nodes": balance("nodes"), "edges": balance("edges"), "train": balance("train")},
             "edge_cut": manifest["edge_cut"],
             "checksums": {"files": len(states), "state": "ok" if not bad else f"{len(bad)} of {len(states)} bad",

@@ -107,6 +107,9 @@ def build_mode(config: TrainConfig, graph: Graph | TypedGraph, device: torch.dev
         if temporal is not None:
             host_sampler = lambda: temporal.sampler(graph, sampling)  # noqa: E731
     if temporal is not None and temporal.link:
+        if config.deal_by is not None:
+            raise ConfigError(f"`deal_by` {config.deal_by}: a link task sampled by time deals its seed edges by "
+                              f"position so far; leave `deal_by` out.")
         seeds = temporal.link_seeds(graph, sampling, config.negatives)
     if config.mode == "exact":
         return ExactMode(seeds, host_sampler, HostLoader(access, spans), sampling, spans, threads.sampler)
@@ -162,7 +165,7 @@ def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, 
                       device_rows)
     # A link task's graph carries its links (train/link_task.py's link_graph); its batches are seed edges.
     owner = dealing_owners(config.deal_by, shard[1], graph.num_nodes) if config.deal_by is not None else None
-    seeds = LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives) if link else \
+    seeds = LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives, owner=owner) if link else \
         NodeSeeds(graph, sampling, owner)
     return graph, sampling, FeatureAccess(device, store, placement, cache, pool), seeds
 

@@ -6,6 +6,9 @@ gets ``negatives`` destinations drawn uniformly, keyed by the global batch (``ba
 batch's seeds are the distinct ends of its pairs (sorted); row ``i`` of its (P, 2 + negatives) int64
 ``targets`` holds the positions of ``u``, ``v`` and each negative destination of positive ``i`` among them.
 ``SeedBatch.exclude`` holds the global batch's positives: a rank samples what one process with it samples.
+Dealt by owner (``owner``: the part of every vertex, a partitioned run's or ``deal_by``'s), rank r trains the
+positives of each global batch whose source (row 0) part r owns, in the batch's order, with their negatives: a
+positive's embeddings start from its source, whose in-edges its owner holds.
 
 A typed graph's link task (``ends``: ``data.links.LinkEnds``) is the same in its end types' stacked ids
 (negatives among the destination type's; ``EndsSampler`` hands the sampler each batch's seeds by type)."""
@@ -29,7 +32,8 @@ NEGATIVE_SALT = 0x4E45_4741  # negatives' stream of a batch key, apart from the 
 
 class LinkSeeds:
     def __init__(self, edges: np.ndarray, num_nodes: int, sampling: SamplingConfig, negatives: int,
-                 ends: LinkEnds | None = None):
+                 ends: LinkEnds | None = None, owner: np.ndarray | None = None):
+        self.owner = owner
         self.edges = torch.from_numpy(np.array(edges, dtype=np.int64).reshape(2, -1))  # small: a copy
         self.num_nodes, self.sampling, self.negatives = int(num_nodes), sampling, int(negatives)
         self.num_batches = -(-self.edges.shape[1] // (sampling.batch_size * sampling.world))
@@ -63,14 +67,28 @@ class LinkSeeds:
         if sampling.world == 1:
             return SeedBatch(*pair_targets(positives, negatives), exclude=positives)
         batch_seeds = torch.unique(torch.cat([positives.reshape(-1), negatives.reshape(-1)]))  # pair_targets' seeds
-        part = torch.tensor_split(torch.arange(positives.shape[1]), sampling.world)[sampling.rank]
+        part = self.mine(positives)
         return SeedBatch(*pair_targets(positives[:, part], negatives[part]), exclude=positives,
                          batch_seeds=batch_seeds)
+
+    def mine(self, positives: torch.Tensor) -> torch.Tensor:
+        """The positions of this rank's positives among a global batch's (2, P) ``positives``: its
+        ``tensor_split`` part, or, dealt by ``owner``, those whose source it owns."""
+        sampling = self.sampling
+        if self.owner is None:
+            return torch.tensor_split(torch.arange(positives.shape[1]), sampling.world)[sampling.rank]
+        owners = np.asarray(self.owner[positives[0].numpy()], dtype=np.int64)
+        return torch.from_numpy(np.flatnonzero(owners == sampling.rank))
 
     def rank_shares(self, epoch: int) -> np.ndarray:
         """Per mini-batch: ``world`` times this rank's share of the global batch's positives (each a loss term
         of equal weight; ``NodeSeeds.rank_shares`` says what they scale)."""
         sampling = self.sampling
+        if self.owner is not None and sampling.world > 1:
+            shares = np.ones(self.num_batches)
+            for k, part in enumerate(global_batches(torch.arange(self.edges.shape[1]), sampling, epoch)):
+                shares[k] = sampling.world * self.mine(self.edges[:, part]).shape[0] / max(1, part.shape[0])
+            return shares
         sizes = np.diff(np.minimum(np.arange(self.num_batches + 1) * sampling.batch_size * sampling.world,
                                    self.edges.shape[1]))
         mine = sizes // sampling.world + (sampling.rank < sizes % sampling.world)  # tensor_split's part sizes

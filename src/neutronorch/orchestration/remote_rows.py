@@ -91,7 +91,8 @@ class PartitionedLoader:
     def load(self, epoch: int, index: int, subgraph, make=None, targets=None):
         with self.spans.stage("gather", index):
             seeds = subgraph.seeds.shape[0]
-            rows, labels = self.fetcher.fetch(subgraph.input_nodes.numpy(), labelled=seeds)
+            # A link task's targets are given (positions of its pairs' ends): no labels asked.
+            rows, labels = self.fetcher.fetch(subgraph.input_nodes.numpy(), labelled=seeds if targets is None else 0)
             features = tensor_from_numpy(rows).to(self.dtype)
             labels = torch.from_numpy(np.asarray(labels, dtype=np.int64)) if targets is None else targets
             return (make or MiniBatch)(epoch, index, subgraph, features, labels)

@@ -14,6 +14,7 @@ import torch
 from neutronorch.capabilities import OWN_MODULE_REFUSED
 from neutronorch.config import TrainConfig
 from neutronorch.data import TypedGraph
+from neutronorch.data.links import row_statistics
 from neutronorch.data.typed import relation_label
 from neutronorch.errors import CheckpointError, ConfigError
 from neutronorch.nn.custom import ModelProtocolError, UserModel, check_trainable
@@ -24,7 +25,7 @@ from neutronorch.train.checkpoint import fanouts_of
 from neutronorch.train.distributed import shared_logits
 from neutronorch.train.evaluate import eval_subset, scored, typed_logits
 from neutronorch.train.health import check_learnable
-from neutronorch.train.link_task import LinkTask, evaluate_links, row_statistics, typed_link_graph
+from neutronorch.train.link_task import LinkTask, evaluate_links, typed_link_graph
 from neutronorch.train.optim import Adam, RowAdam
 from neutronorch.train.run import Built
 from neutronorch.train.typed_tables import TypedTables, plan_tables

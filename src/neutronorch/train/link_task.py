@@ -46,17 +46,6 @@ def is_link_split(split: str | None) -> bool:
     return isinstance(split, str) and split.strip().lower().startswith("edges:")
 
 
-def row_statistics(features, rows: int = 4096) -> tuple[float, np.ndarray | None]:
-    """The root mean square of the L2 norms of up to ``rows`` evenly spaced feature rows (memory-mapped arrays
-    read at those rows only), and their mean row (None without rows): ``LinkModel``'s ``input_norm`` and
-    ``input_mean``."""
-    count = int(features.shape[0])
-    if count == 0:
-        return 1.0, None
-    sample = np.asarray(features[np.linspace(0, count - 1, min(rows, count)).astype(np.int64)], dtype=np.float64)
-    return float(np.sqrt((sample * sample).sum(axis=1).mean())), sample.mean(axis=0).astype(np.float32)
-
-
 def link_graph(graph: Graph, config: TrainConfig) -> Graph:
     """``graph`` when it carries its own links (an OGB link dataset), else ``graph`` split by ``config.split``
     (default ``DEFAULT_LINK_SPLIT``) seeded by ``config.seed``, its validation and test edges out of its
@@ -204,18 +193,23 @@ class LinkTask:
 @torch.no_grad()
 def evaluate_links(model: LinkModel, graph: Graph | TypedGraph, inputs, device: torch.device, batch_size: int,
                    seed: int, eval_negatives: int, task: LinkTask, world: World | None = None,
-                   progress: LayerProgress | None = None, check: EvaluationCheck | None = None) -> dict[str, float]:
+                   progress: LayerProgress | None = None, check: EvaluationCheck | None = None,
+                   embedded=None) -> dict[str, float]:
     """``task``'s metric on the validation and test links, as {"val": ..., "test": ...}, and every reported
     metric under ``val_<name>``/``test_<name>`` (mrr, hits_K, rocauc). ``inputs``: a graph's ``FeatureStore``,
     or a typed graph's sampler (the evaluation fanouts), whose named vertices are embedded by ``typed_logits``
     of the encoder in their end types. ``check`` (``health.py``): scores that are not finite are an error,
-    every score (or most pairs) tied is noted as a collapse."""
+    every score (or most pairs) tied is noted as a collapse. ``embedded(nodes)``: a context holding the
+    encoder's rows of ``nodes`` (default: the whole graph's full-neighbour inference; a partitioned run's
+    across its parts, ``part_links.py``)."""
     links, check = graph.links, check or EvaluationCheck()
     if isinstance(graph, TypedGraph):
         sampler = EndsSampler(inputs, links.ends)
         destinations, num_nodes = links.ends.destinations, links.ends.num_nodes
         embedded = lambda nodes: contextlib.nullcontext(  # noqa: E731
             typed_logits(model.encoder, graph, sampler, nodes, device, batch_size, seed))
+    elif embedded is not None:
+        destinations, num_nodes = (0, graph.num_nodes), graph.num_nodes
     else:
         scratch = scratch_folder(model.encoder, graph, model.num_layers, "auto", None)
         destinations, num_nodes = (0, graph.num_nodes), graph.num_nodes

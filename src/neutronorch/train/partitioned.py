@@ -4,7 +4,8 @@ Its global mini-batches are the full-copy data-parallel run's (the root's split 
 and rank r trains the seeds of each that part r owns (``orchestration/seeds.py``, as a full-copy run with
 ``deal_by`` deals them), sampled across the parts with the global batch's key (``sampling/partitioned.py``), their rows and labels fetched from their owners
 (``orchestration/remote_rows.py``); gradients are averaged as in any data-parallel run, and evaluation runs the
-full-neighbour inference across the parts (``part_eval.py``). What is not built yet is refused, saying so."""
+full-neighbour inference across the parts (``part_eval.py``). A link split's folder trains a link task the same
+way, its seed edges dealt by their source's owner (``part_links.py``). What is not built yet is refused, saying so."""
 
 from __future__ import annotations
 
@@ -35,33 +36,34 @@ from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES
 from neutronorch.orchestration.loading import LoadingMode
 from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.remote_rows import PartitionedLoader, RemoteRows
+from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.exchange import ThreadExchange
 from neutronorch.sampling.partitioned import PartitionedSampler, global_in_degrees
 from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.health import Health
+from neutronorch.train.link_task import LinkTask, check_link_settings, check_node_task
 from neutronorch.train.optim import Adam
 from neutronorch.train.part_checkpoint import attach_checkpoints
 from neutronorch.train.part_eval import PartEvaluation
 from neutronorch.train.part_exchange import GlooExchange
+from neutronorch.train.part_links import PartLinkEvaluation, check_task, link_model
 from neutronorch.train.run import Run
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import MetricLog
 from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")
-BUILT = "partitioned training (--partitions) is built for a node task in exact mode on the CPU so far"
+BUILT = "partitioned training (--partitions) is built for node and link tasks in exact mode on the CPU so far"
 WHY = "(docs/distributed.md, \"Partitioned training\")"
 
 
 def check_request(config: TrainConfig, graph, model, options, device: torch.device) -> None:
     """Refuse, before any output is made, what a partitioned run cannot do yet, each with the reason."""
-    if config.deal_by is not None and (config.partitions is not None or config.task != "node"):
-        raise ConfigError(f"`deal_by` {config.deal_by}: deals a node task's seeds on the whole graph as a "
-                          f"partitioned run deals them; " + ("a partitioned run deals by its own parts" if
-                                                             config.partitions is not None else
-                                                             f"`task` {config.task} has no such run yet")
-                          + ". Leave `deal_by` out.")
+    if config.deal_by is not None and config.partitions is not None:
+        raise ConfigError(f"`deal_by` {config.deal_by}: deals a full-copy run's seeds on the whole graph as a "
+                          f"partitioned run deals them; a partitioned run deals by its own parts. Leave `deal_by` "
+                          f"out.")
     if config.partitions is None:
         return
 
@@ -74,21 +76,26 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
     if config.settings_given(["dataset"]):
         raise ConfigError(f"`dataset` {config.dataset} and `partitions` {config.partitions}: the partition folder "
                           f"holds the graph it was made from; give one of them.")
-    if config.task != "node":
-        raise refuse(f"`task` {config.task}", "Train a node task; a partition carries no link split yet.")
+    check_task(config)  # a link split's folder trains a link task, any other a node task
     if config.mode not in PARTITIONED_MODES:
         raise refuse(f"`mode` {config.mode}", "Give `mode` exact (or leave it out).")
     if device.type != "cpu":
         raise refuse(f"device {device}", "Give `device` cpu: the ranks exchange over gloo.")
-    given = config.settings_given(["split", "times"])
+    given = config.settings_given(["split", "times", "link_direction"])
     if given:
         raise refuse(", ".join(given), "Leave it out: the partition holds its split and rows as written.")
+    given = config.settings_given(["eval_fanouts", "normalize_features"]) if config.task == "link" else []
+    if given:
+        raise refuse(", ".join(given) + " with `task` link", "Leave it out: a link task's evaluation embeds every "
+                     "vertex its pairs name layer by layer, and its model starts from the manifest's statistics of "
+                     "the rows as written.")
 
 
 @dataclass
 class PartGraph:
     """What a run reads of the whole graph where a rank holds one part: the manifest's sizes and classes, the
-    whole split (the root's files) and the part's own labels (their shape says the task's kind)."""
+    whole split (the root's files), the part's own labels (their shape says the task's kind) and a link
+    dataset's split."""
 
     name: str
     num_nodes: int
@@ -100,7 +107,7 @@ class PartGraph:
     train_idx: np.ndarray
     val_idx: np.ndarray
     test_idx: np.ndarray
-    links: None = None
+    links: object = None  # ``LinkSplit``: a link dataset's
     notes: list = field(default_factory=list)
 
     @classmethod
@@ -108,7 +115,7 @@ class PartGraph:
         graph = part.manifest["graph"]
         return cls(graph["name"], graph["num_nodes"], graph["num_edges"], graph["feature_dim"], graph["num_classes"],
                    graph["metric"], part.labels, *(part.global_splits[s] for s in ("train_idx", "val_idx", "test_idx")),
-                   notes=list(graph["notes"]))
+                   links=part.links, notes=list(graph["notes"]))
 
 
 class PartitionedMode(LoadingMode):
@@ -167,11 +174,17 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
                     f"where above 1")
     for note in graph.notes if world.main else []:
         logger.warning(f"note: {note}")
-    model = gnn(config, graph.feature_dim, graph.num_classes).to(device)
+    link = graph.links is not None
+    if link:  # the link settings checked against the split, as a full-copy run checks them
+        check_link_settings(graph, config)
+    else:  # and a link task's settings refused on a node task, as a full-copy run refuses them
+        check_node_task(graph, config)
+    model = (link_model(config, gnn(config, graph.feature_dim, config.hidden), manifest) if link else
+             gnn(config, graph.feature_dim, graph.num_classes)).to(device)
     optimizer = Adam(optimizer_groups(model, config.lr), lr=config.lr, weight_decay=config.weight_decay)
     if config.batch_size == 0:
-        config.batch_size = auto_batch_size(len(graph.train_idx))
-    task = Task.of(graph, config.metric)
+        config.batch_size = auto_batch_size(graph.links.train.shape[1] if link else len(graph.train_idx))
+    task = LinkTask.of(graph, model, config.metric) if link else Task.of(graph, config.metric)
     if world.distributed:
         world.broadcast_module(model, "the initial weights' broadcast")
         sampling_exchange = GlooExchange.new(world, "the partitioned sampling's exchange")
@@ -188,7 +201,9 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     # Symmetric GCN's blocks carry their sources' in-degrees in the whole graph: each part's own, gathered.
     degrees = global_in_degrees(part, lambda t: world.all_gather_rows(t, "gathering the in-degrees") if
                                 world.distributed else [t]) if model.needs_degrees else None
-    mode = PartitionedMode(world, evaluation_exchange, NodeSeeds(graph, sampling, part.part_of),
+    seeds = (LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives, owner=part.part_of) if link
+             else NodeSeeds(graph, sampling, part.part_of))  # each global batch dealt by owner
+    mode = PartitionedMode(world, evaluation_exchange, seeds,
                            lambda: PartitionedSampler(part, sampling_exchange, sampling.fanouts, degrees), loader,
                            sampling, spans, threads.sampler)
     stack.callback(mode.close)
@@ -199,14 +214,14 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     util = stack.enter_context(contextlib.closing(Utilisation(device)))
     metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
     logger.info(f"task: {task.describe()}")
-    own = np.asarray(part.labels[part.local(part.splits["train_idx"])])
+    own = None if link else np.asarray(part.labels[part.local(part.splits["train_idx"])])
     train_labels = (torch.cat(world.all_gather_rows(torch.from_numpy(own.astype(np.int64)),
                                                     "gathering the training labels")).numpy()
-                    if world.distributed else own)
+                    if world.distributed and not link else own)
     run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
               util, metrics, task, data_seconds=data_seconds, world=world, stop=stop,
               health=Health(task.constant_losses(train_labels), []))
-    run.partitioned = PartEvaluation(part, evaluation_exchange, world, degrees)
+    run.partitioned = (PartLinkEvaluation if link else PartEvaluation)(part, evaluation_exchange, world, degrees)
     if world.distributed:
         run.sync = GradientSync(world, list(model.parameters()), stop, mode.averaged_gradients)
         run.stop = run.sync.agreed  # every rank stops after the same step

@@ -26,6 +26,7 @@ from neutronorch.capabilities import check_run, check_static
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data import Graph, TypedGraph, is_typed_dataset, load_dataset, load_typed_dataset
 from neutronorch.data.feature_norm import normalized
+from neutronorch.data.links import row_statistics
 from neutronorch.data.relation import relation_label
 from neutronorch.data.times import has_vertex_times
 from neutronorch.errors import CheckpointError, ConfigError
@@ -50,7 +51,7 @@ from neutronorch.train.replacing import claim_outputs
 from neutronorch.train.run import Built, Run, summarised
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import MetricLog, given_dataset
-from neutronorch.train.link_task import LinkTask, check_node_task, is_link_split, link_graph, row_statistics
+from neutronorch.train.link_task import LinkTask, check_node_task, is_link_split, link_graph
 from neutronorch.train.task import Task
 from neutronorch.train.temporal_links import timed_links
 from neutronorch.train.temporal_nodes import by_time, split_vertices_by_time, timed_nodes
