@@ -445,6 +445,22 @@ def test_partitioned_training_in_a_process_group_the_caller_made(graph, tmp_path
     assert (tmp_path / "summary-0.json").is_file() and not (tmp_path / "summary-1.json").exists()
 
 
+def _both_runs(tmp_path, ranks: int, args: list[str], folder: Path, full_args=()) -> list:
+    """(step losses, summary) of ``ranks`` gloo ranks launched on the parts in ``folder``, then of as many on
+    the whole graph dealt by them (``--deal-by``)."""
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--standalone", "-m",
+              "neutronorch", "train", *args]
+    runs = []
+    for name, source in (("parts", ["--partitions", str(folder)]),
+                         ("full", ["--dataset", GRAPH, *full_args, "--deal-by", str(folder)])):
+        done = subprocess.run([*launch, *source, "--log-jsonl", str(tmp_path / f"{name}.jsonl"), "--summary-json",
+                               str(tmp_path / f"{name}.json")], capture_output=True, text=True, timeout=300,
+                              env=_env())
+        assert done.returncode == 0, done.stderr
+        runs.append((_step_losses(tmp_path / f"{name}.jsonl"), json.loads((tmp_path / f"{name}.json").read_text())))
+    return runs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method, ranks, model", [
     ("metis", 2, ["--model", "gcn"]), ("random", 2, ["--precision", "bf16"]),
@@ -460,16 +476,7 @@ def test_ranks_on_parts_reproduce_the_full_copy_run_bit_for_bit(tmp_path, method
     folder = _partition(graph, tmp_path / "parts", ranks, method)
     args = [*COMMON, *model, "--epochs", "2", "--batch-size", str(100 // ranks), "--dropout", "0.4",
             "--dist-timeout", "60"]
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--standalone", "-m",
-              "neutronorch", "train", *args]
-    runs = {}
-    for name, source in (("parts", ["--partitions", str(folder)]), ("full", ["--dataset", GRAPH, "--split", split, "--deal-by", str(folder)])):
-        done = subprocess.run([*launch, *source, "--log-jsonl", str(tmp_path / f"{name}.jsonl"), "--summary-json",
-                               str(tmp_path / f"{name}.json")], capture_output=True, text=True, timeout=300,
-                              env=_env())
-        assert done.returncode == 0, done.stderr
-        runs[name] = (_step_losses(tmp_path / f"{name}.jsonl"), json.loads((tmp_path / f"{name}.json").read_text()))
-    (parted, summary), (full, expected) = runs["parts"], runs["full"]
+    (parted, summary), (full, expected) = _both_runs(tmp_path, ranks, args, folder, ["--split", split])
     assert len(parted) == len(full) == 8
     assert parted == full  # bit for bit
     for key in ("val_acc", "test_acc", "final_val_acc", "final_test_acc"):
@@ -490,17 +497,7 @@ def test_ranks_on_parts_of_a_link_split_reproduce_the_full_copy_run_bit_for_bit(
     folder = _link_partition(tmp_path / "parts", 2, "metis")
     args = [*COMMON, "--task", "link", "--epochs", "2", "--batch-size", "1000", "--dropout", "0.4",
             "--eval-negatives", "20", "--dist-timeout", "60"]
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "-m",
-              "neutronorch", "train", *args]
-    runs = {}
-    for name, source in (("parts", ["--partitions", str(folder)]),
-                         ("full", ["--dataset", GRAPH, "--deal-by", str(folder)])):
-        done = subprocess.run([*launch, *source, "--log-jsonl", str(tmp_path / f"{name}.jsonl"), "--summary-json",
-                               str(tmp_path / f"{name}.json")], capture_output=True, text=True, timeout=300,
-                              env=_env())
-        assert done.returncode == 0, done.stderr
-        runs[name] = (_step_losses(tmp_path / f"{name}.jsonl"), json.loads((tmp_path / f"{name}.json").read_text()))
-    (parted, summary), (full, expected) = runs["parts"], runs["full"]
+    (parted, summary), (full, expected) = _both_runs(tmp_path, 2, args, folder)
     assert len(parted) == len(full) == 10
     assert parted == full  # bit for bit
     for key in ("val_mrr", "test_mrr", "final_val_mrr", "final_test_mrr"):  # up to float32 sum order

@@ -2,10 +2,11 @@
 rank per part (docs/distributed.md, "Partitioned training"). Rank r loads part r and the global arrays only.
 Its global mini-batches are the full-copy data-parallel run's (the root's split files in the epoch's order),
 and rank r trains the seeds of each that part r owns (``orchestration/seeds.py``, as a full-copy run with
-``deal_by`` deals them), sampled across the parts with the global batch's key (``sampling/partitioned.py``), their rows and labels fetched from their owners
-(``orchestration/remote_rows.py``); gradients are averaged as in any data-parallel run, and evaluation runs the
-full-neighbour inference across the parts (``part_eval.py``). A link split's folder trains a link task the same
-way, its seed edges dealt by their source's owner (``part_links.py``). What is not built yet is refused, saying so."""
+``deal_by`` deals them), sampled across the parts with the global batch's key (``sampling/partitioned.py``),
+their rows and labels fetched from their owners (``orchestration/remote_rows.py``); gradients are averaged as
+in any data-parallel run, and evaluation runs the full-neighbour (or sampled) inference across the parts
+(``part_eval.py``). A link split's folder trains a link task the same way, its seed edges dealt by their
+source's owner (``part_links.py``). What is not built yet is refused, saying so."""
 
 from __future__ import annotations
 
