@@ -24,7 +24,7 @@ import neutronorch
 from neutronorch.data import load_dataset
 from neutronorch.errors import CheckpointError, Interrupted
 from neutronorch.train.part_checkpoint import misfit
-from test_partitioned_training import GRAPH, _env, _partition, _step_losses
+from test_partitioned_training import GRAPH, _env, _partition, _step_losses, spawned
 
 SPLIT = "ratio:0.10034,0.05"  # 301 training vertices: 4 global batches of 2 x 50, the last of one seed
 SETTINGS = dict(hidden=16, fanouts=[4, 4], batch_size=50, threads=1, sampler_threads=1, device="cpu", dropout=0.4,
@@ -113,13 +113,7 @@ def test_ranks_stopped_mid_epoch_resume_bit_for_bit_and_refuse_what_does_not_fit
     graph = load_dataset(GRAPH, SPLIT, 0)
     _partition(graph, tmp_path / "parts", 2, "random")
     _partition(graph, tmp_path / "metis", 2, "metis")  # the same graph and part count, another partition
-    context = torch.multiprocessing.spawn(_stop_and_resume_ranks, args=(str(tmp_path),), nprocs=2, join=False)
-    deadline = time.monotonic() + 300
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("the ranks did not finish within 300 s")
+    spawned(_stop_and_resume_ranks, (str(tmp_path),), 300)
     whole, resumed = (_step_losses(tmp_path / f"{name}.jsonl") for name in ("whole", "ck"))
     assert len(whole) == 12 and resumed == whole  # the stopped run's steps, then the resumed run's: bit for bit
     a, b = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("whole", "ck"))

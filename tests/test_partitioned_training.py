@@ -409,6 +409,18 @@ def test_a_world_size_other_than_the_part_count_is_refused(graph, tmp_path):
         neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), device="cpu", epochs=1))
 
 
+def spawned(target, args: tuple, seconds: float, ranks: int = 2) -> None:
+    """``target(rank, *args)`` in ``ranks`` spawned processes, joined; killed, and the test failed, after
+    ``seconds``."""
+    context = torch.multiprocessing.spawn(target, args=args, nprocs=ranks, join=False)
+    deadline = time.monotonic() + seconds
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the ranks did not finish within {seconds} s")
+
+
 def _train_parts_in_callers_group(rank: int, folder: str, directory: str) -> None:
     from torch.distributed import distributed_c10d  # noqa: PLC0415 - in the spawned process
     torch.distributed.init_process_group("gloo", init_method=f"file://{directory}/rendezvous", rank=rank,
@@ -432,15 +444,7 @@ def test_partitioned_training_in_a_process_group_the_caller_made(graph, tmp_path
         machine = tmp_path / f"machine-{rank}"
         shutil.copytree(folder, machine, ignore=lambda _, names: [n for n in names if n == f"part-{1 - rank}"])
         assert not (machine / f"part-{1 - rank}").exists()
-    context = torch.multiprocessing.spawn(_train_parts_in_callers_group,
-                                          args=(str(tmp_path / "machine-{rank}"), str(tmp_path)),
-                                          nprocs=2, join=False)
-    deadline = time.monotonic() + 240
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail("the ranks did not finish within 240 s")
+    spawned(_train_parts_in_callers_group, (str(tmp_path / "machine-{rank}"), str(tmp_path)), 240)
     assert (tmp_path / "loss-0").read_text() == (tmp_path / "loss-1").read_text()  # the global loss on each
     assert (tmp_path / "summary-0.json").is_file() and not (tmp_path / "summary-1.json").exists()
 
