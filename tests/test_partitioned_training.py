@@ -489,6 +489,8 @@ def test_ranks_on_parts_reproduce_the_full_copy_run_bit_for_bit(tmp_path, method
     assert summary["precision"]["name"] == expected["precision"]["name"] == ("bf16" if "bf16" in model else "fp32")
     traffic = summary["epochs"][0]["exchange"]
     assert len(traffic) == ranks and all(t["sent_bytes"] > 0 and t["received_bytes"] > 0 for t in traffic)
+    seconds = summary["epochs"][0]["cpu_seconds_per_rank"]  # every rank's, rank 0's the record's own
+    assert len(seconds) == ranks and all(s > 0 for s in seconds) and seconds[0] == summary["epochs"][0]["cpu_seconds"]
     assert sum(t["sent_bytes"] for t in traffic) == sum(t["received_bytes"] for t in traffic)
     if ranks == 2:
         assert traffic[0]["sent_bytes"] == traffic[1]["received_bytes"]

@@ -141,11 +141,15 @@ class PartitionedMode(LoadingMode):
                                          threads=self.threads.get("sampler")), limit, max(1, self.sampling.prefetch))
 
     def end_epoch(self, record: dict) -> None:
+        """The record (rank 0's) gets every rank's bytes exchanged in the epoch and its CPU seconds (every thread
+        of each rank's process), one entry per rank: the ranks' work differs with their parts."""
         traffic = self.loader.fetcher.exchange.traffic()
         since = {key: value - self._last.get(key, 0) for key, value in traffic.items()}
         self._last = traffic
-        record["exchange"] = (self.world.gather_objects(since, "gathering the bytes exchanged")
-                              if self.world.distributed else [since])
+        mine = (since, record.get("cpu_seconds"))
+        ranks = self.world.gather_objects(mine, "gathering the bytes exchanged") if self.world.distributed else [mine]
+        record["exchange"] = None if ranks is None else [bytes_ for bytes_, _ in ranks]  # None: not rank 0
+        record["cpu_seconds_per_rank"] = None if ranks is None else [seconds for _, seconds in ranks]
 
     def summary(self) -> dict:
         """This rank's bytes exchanged over the run: by its sampling and rows, and by its evaluations."""
