@@ -55,8 +55,7 @@ class TrainConfig:
         None, type=str, metavar="DIR",
         help="data parallel on the whole graph: deal each global batch's seeds (a link task's: by their source) "
              "to the ranks by their part in the partition folder DIR, as `--partitions DIR` deals them, so that the "
-             "two runs' losses compare step "
-             "for step (docs/distributed.md, \"Partitioned training\")")
+             "two runs' losses compare step for step (docs/distributed.md, \"Partitioned training\")")
     task: str = setting(
         "node", choices=TASKS, short="node (classification) or link (prediction)",
         help="node: classify vertices by their labels; link: predict edges, trained on seed edges with drawn "

@@ -67,7 +67,7 @@ class RemoteRows:
             n, m = asks[k].shape[0], int(wanted[k])
             positions = order[at:at + n]
             if k == me:
-                own = part.local(asks[k])
+                own = np.asarray(part.local_index[asks[k]], dtype=np.int64)  # by_owner found them this part's
                 out[positions] = table[own]
                 out_labels[positions[:m]] = labels[own[:m]]
             else:

@@ -133,13 +133,11 @@ class PartitionedSampler(OneThread, Sampler):
 
 
 def global_in_degrees(part, gather) -> np.ndarray:
-    """Every vertex's in-degree in the whole graph (float32, the whole graph's size), from each part's own:
-    ``gather(tensor)`` returns every rank's tensor (rank order; a collective) or, in one process, ``[tensor]``.
-    What symmetric GCN's blocks carry for their sources; 4 bytes a vertex, as ``part_of``."""
+    """Every vertex's in-degree in the whole graph (float32, the whole graph's size), from each part's own, in
+    its local order: ``gather(tensor)`` returns every rank's tensor (rank order; a collective) or, in one
+    process, ``[tensor]``; vertex v's is row ``local_index[v]`` of part ``part_of[v]``'s. What symmetric GCN's
+    blocks carry for their sources; 4 bytes a vertex, as ``part_of``."""
     own = torch.from_numpy(np.diff(np.asarray(part.indptr)).astype(np.float32))
-    ids = gather(torch.from_numpy(np.array(part.ids, dtype=np.int64)))  # a copy: the map is read-only
-    values = gather(own)
-    degrees = np.zeros(part.num_nodes, np.float32)
-    for where, value in zip(ids, values):
-        degrees[where.numpy()] = value.numpy()
-    return degrees
+    parts = gather(own)
+    starts = np.cumsum([0] + [p.shape[0] for p in parts[:-1]])
+    return torch.cat(parts).numpy()[starts[np.asarray(part.part_of)] + np.asarray(part.local_index)]

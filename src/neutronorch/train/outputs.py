@@ -37,6 +37,8 @@ def rank_file(rank: int) -> str:
 def rank_files(folder: Path) -> list[Path]:
     """The files of ranks > 0 of a partitioned run in ``folder``, as they exist now."""
     return sorted(p for p in folder.glob("last.rank-*.pt") if RANK_FILE.fullmatch(p.name)) if folder.is_dir() else []
+
+
 OUTPUT_FIELDS = ("summary_json", "checkpoint_dir", "log_jsonl", "log_csv", "tensorboard", "timeline", "console_log",
                  "curves")
 BESIDE = ("timeline", "console_log", "curves")  # outputs named beside a run folder (they make none of their own)

@@ -41,9 +41,7 @@ class PartEvaluation:
     def evaluate(self, run, check: EvaluationCheck, progress=None) -> dict[str, float]:
         """``Run.evaluate``'s scores ({"val": ..., "test": ...}) of a partitioned run."""
         config, model, part, world = run.config, run.model, self.part, self.world
-        return_freed_memory()  # the epoch's batches: freed, and the layer rows below are as large
-        if world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
-            world.broadcast_module(model, "the buffers' broadcast before evaluation", buffers_only=True)
+        self.prepare(model)
         val = eval_subset(part.global_splits["val_idx"], config.eval_max_nodes, config.seed)
         test = eval_subset(part.global_splits["test_idx"], config.eval_max_nodes, config.seed + 1)
         nodes = np.concatenate([val, test])
@@ -65,6 +63,13 @@ class PartEvaluation:
         logits, labels, split = logits[order], labels[order], val.shape[0]
         return scored(run.task, {"val": (logits[:split], labels[:split]), "test": (logits[split:], labels[split:])},
                       check)
+
+    def prepare(self, model) -> None:
+        """Before an evaluation, a node or a link task's: the heap's free pages handed back (the epoch's batches,
+        freed; the layer rows to come are as large), and rank 0's batch normalisation statistics on every rank."""
+        return_freed_memory()
+        if self.world.distributed:
+            self.world.broadcast_module(model, "the buffers' broadcast before evaluation", buffers_only=True)
 
     def counted(self, task, logits: torch.Tensor, labels: torch.Tensor, in_val: torch.Tensor,
                 check: EvaluationCheck) -> dict[str, float]:

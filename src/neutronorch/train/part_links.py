@@ -48,9 +48,8 @@ class PartLinkEvaluation(PartEvaluation):
     """``PartEvaluation`` of a link task: the metrics of ``evaluate_links`` from rows computed across the parts."""
 
     def evaluate(self, run, check, progress=None) -> dict[str, float]:
-        config, world = run.config, self.world
-        if world.distributed:  # batch normalisation's running statistics: rank 0's, on every rank
-            world.broadcast_module(run.model, "the buffers' broadcast before evaluation", buffers_only=True)
+        config = run.config
+        self.prepare(run.model)
         embedded = lambda nodes: contextlib.nullcontext(  # noqa: E731
             self.rows(run.model.encoder, nodes.numpy(), run.device, config.eval_batch_size, progress))
         return evaluate_links(run.model, run.graph, None, run.device, config.eval_batch_size, config.seed,
