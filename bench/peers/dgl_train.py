@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 
-from peer_common import parse_args, peak_rss_mb, read_native, train_epochs, write_summary
+from peer_common import dgl_measure, parse_args, peak_rss_mb, read_native, train_epochs, write_summary
 
 ARGS = parse_args(__doc__.split("\n\n")[0], "DGL DataLoader")
 # Thread counts must be fixed before torch / DGL start their OpenMP pools.
@@ -165,16 +165,12 @@ def main(args):
                       args.heads)
         opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
-    def measure(item):
-        input_nodes, _, blocks = item
-        return sum(int(b.num_edges()) for b in blocks), int(input_nodes.shape[0]), None
-
     def gather(item, _):
         input_nodes, output_nodes, blocks = item
         return feats[input_nodes].float(), labels[output_nodes], lambda m, x: m(blocks, x)
 
     epochs, edges_per_second, val_acc, test_acc, eval_seconds = train_epochs(
-        args, loader, model, opt, measure, gather,
+        args, loader, model, opt, dgl_measure, gather,
         lambda: evaluate(model, g, feats, labels, splits, args.eval_batch_size), log)
 
     cfg = {k: v for k, v in vars(args).items() if k != "fanouts_list"}

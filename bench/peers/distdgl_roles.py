@@ -47,7 +47,7 @@ with warnings.catch_warnings():
     import dgl.nn as dglnn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_common import peak_rss_mb, train_epochs  # noqa: E402
+from peer_common import dgl_measure, peak_rss_mb, train_epochs  # noqa: E402
 
 
 def log(msg):
@@ -207,16 +207,12 @@ def train():
         model = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
-    def measure(item):
-        input_nodes, _, blocks = item
-        return sum(int(b.num_edges()) for b in blocks), int(input_nodes.shape[0]), None
-
     def gather(item, _):
         input_nodes, seeds, blocks = item
         return g.ndata["features"][input_nodes], g.ndata["labels"][seeds].long(), lambda m, x: m(blocks, x)
 
     loop_args = SimpleNamespace(**{**vars(args), "eval": "none"})
-    loop = (loop_args, loader, model, opt, measure, gather, None, log)
+    loop = (loop_args, loader, model, opt, dgl_measure, gather, None, log)
     if model is not None:
         with model.join():  # DDP with trainers whose last epochs may hold one batch fewer
             epochs, rate, _, _, _ = train_epochs(*loop, server_cpu=server_cpu_seconds)

@@ -138,6 +138,12 @@ def read_native(path):
 # ----------------------------------------------------------------------------------------------- training
 
 
+def dgl_measure(item):
+    """``train_epochs``' ``measure`` of a DGL loader's (input nodes, output nodes, blocks) item."""
+    input_nodes, _, blocks = item
+    return sum(int(b.num_edges()) for b in blocks), int(input_nodes.shape[0]), None
+
+
 def train_epochs(args, loader, model, opt, measure, gather, run_eval, log, server_cpu=None):
     """The timed epoch loop the runners share. Per batch: ``measure(item)`` -> (sampled edges, input
     vertices, extra) counts as sampling (waiting on the loader included); ``gather(item, extra)`` -> (x, y,
