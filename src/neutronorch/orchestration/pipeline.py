@@ -6,6 +6,7 @@ consumer.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Callable, Iterator
 
@@ -40,13 +41,15 @@ class Prefetcher:
         try:
             if self._threads is not None:
                 use_threads(self._threads)
-            for item in self._produce():
-                try:
-                    self._channel.put(count, item)
-                except Closed:
-                    _release(item)  # made as the consumer left: what it holds goes back too
-                    raise
-                count += 1
+            items = self._produce()
+            with contextlib.closing(items) if hasattr(items, "close") else contextlib.nullcontext():
+                for item in items:  # a generator left early is closed here, on its thread
+                    try:
+                        self._channel.put(count, item)
+                    except Closed:
+                        _release(item)  # made as the consumer left: what it holds goes back too
+                        raise
+                    count += 1
             self._channel.put(count, _DONE)
         except Closed:
             return
@@ -87,3 +90,16 @@ def _release(item) -> None:
     release = getattr(item, "release", None)
     if callable(release):
         release()
+
+
+def leaving(items: Iterator, scope):
+    """``items``, with ``scope`` (a context manager) entered before the first and left, on the thread that
+    takes them, as they end: done, closed early (``Prefetcher`` closes them) or failed."""
+    with scope:
+        yield from items
+
+
+def run_in(scope, work: Callable, *args):
+    """``work(*args)`` within ``scope`` (a thread's body, as ``leaving`` wraps a producer's items)."""
+    with scope:
+        return work(*args)

@@ -9,9 +9,12 @@ not counted), the sizes it announces included."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
+
+from neutronorch.errors import TrainingError
 
 SIZE_BYTES = 8  # an announced size: one int64 per rank
 
@@ -59,6 +62,10 @@ class Exchange:
             self.received_bytes += SIZE_BYTES * len(others)
         return got, sizes
 
+    def unit(self):
+        """The collectives of one unit of work (``Lane``: the ranks agree to begin it); here nothing."""
+        return contextlib.nullcontext()
+
     def traffic(self) -> dict:
         """The bytes this rank sent and received so far, and its exchanges."""
         return {"sent_bytes": self.sent_bytes, "received_bytes": self.received_bytes, "exchanges": self.calls}
@@ -68,6 +75,52 @@ class Exchange:
         """The transport: ``send`` (``send_sizes[r]`` bytes for rank r, in rank order) out, one buffer of each
         rank's bytes to this one in, and their sizes (announced first when ``sizes`` is None)."""
         raise NotImplementedError
+
+
+class Lane(Exchange):
+    """The exchange of one thread whose ranks stop together, over ``inner`` (its transport; the bytes are
+    counted here). Its collectives come in units (``unit()``), none of which waits for anything but the ranks
+    within it; each unit begins with the ranks agreeing to go on (one byte from each). A thread leaving, done or
+    stopped early, calls ``finish()`` once: that says stop to the others' next agreement, so a rank's thread
+    never waits in a unit that another rank's will not begin (``LaneStopped`` ends theirs there)."""
+
+    def __init__(self, inner: Exchange, what: str):
+        super().__init__(inner.rank, inner.size)
+        self.inner, self.what = inner, what
+        self.state = "open"  # "inside" a unit, "stopped" (agreed), "broken" (a unit failed within)
+
+    def _swap(self, send, send_sizes, sizes):
+        return self.inner._swap(send, send_sizes, sizes)
+
+    @contextlib.contextmanager
+    def unit(self):
+        if self.state == "inside":  # within the caller's unit
+            yield
+            return
+        if self.state != "open" or self._agree(0):
+            self.state = "stopped"
+            raise LaneStopped(f"{self.what}: another rank's stopped (its log says why, if it failed)")
+        self.state = "inside"
+        try:
+            yield
+        except BaseException:
+            self.state = "broken"  # the others may be within the unit: no agreement follows
+            raise
+        self.state = "open"
+
+    def finish(self) -> None:
+        """This rank's thread leaves: the others' next agreement says stop (none follows a failed unit)."""
+        if self.state == "open":
+            self.state = "stopped"
+            self._agree(1)
+
+    def _agree(self, stop: int) -> bool:
+        got = self.all_to_all([np.array([stop], np.int8)] * self.size, [1] * self.size)
+        return any(int(g[0]) for g in got)
+
+
+class LaneStopped(TrainingError):
+    """A ``Lane``'s ranks agreed to stop (another rank's thread left)."""
 
 
 class ThreadExchange(Exchange):

@@ -59,14 +59,15 @@ def by_owner(ids: np.ndarray, part_of: np.ndarray, parts: int) -> tuple[np.ndarr
 
 class PartitionedSampler(OneThread, Sampler):
     """``NeighborSampler``'s blocks for one rank holding ``part`` (``data.partition_files.Partition``), asking
-    the other parts' ranks through ``exchange`` (rank ``part.part`` of ``part.parts``). Every rank must sample
+    the other parts' ranks through ``exchange`` (rank ``part.part`` of ``part.parts``; None: it samples only its
+    part's own vertices, as NeutronOrch's owner of hot rows does, and exchanges nothing). Every rank must sample
     the same number of hops at the same time, an empty batch included. ``degrees``: every vertex's in-degree in
     the whole graph (float32; ``global_in_degrees``), which the blocks then carry for their sources.
 
     Not thread-safe (one vertex -> position map of the whole graph's size, as ``NeighborSampler``'s)."""
 
-    def __init__(self, part, exchange: Exchange, fanouts: list[int], degrees: np.ndarray | None = None):
-        if exchange.size != part.parts or exchange.rank != part.part:
+    def __init__(self, part, exchange: Exchange | None, fanouts: list[int], degrees: np.ndarray | None = None):
+        if exchange is not None and (exchange.size != part.parts or exchange.rank != part.part):
             raise ConfigError(f"part {part.part} of {part.parts} sampled by rank {exchange.rank} of "
                               f"{exchange.size}: each rank samples the part of its number, one part per rank.")
         self.part, self.exchange, self.fanouts = part, exchange, list(fanouts)
@@ -105,25 +106,29 @@ class PartitionedSampler(OneThread, Sampler):
 
     def draw(self, dst: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray]:
         """``kernels.sample_neighbors(indptr, indices, dst, fanout, key)`` of the whole graph: (ptr, nbrs),
-        each vertex's neighbours drawn by its owner. A collective: every rank calls it at the same time."""
+        each vertex's neighbours drawn by its owner. A collective: every rank calls it at the same time. Without
+        an exchange every vertex of ``dst`` must be this part's, and nothing is exchanged."""
         part, exchange = self.part, self.exchange
-        order, asks = by_owner(dst, part.part_of, part.parts)
-        self.asked += sum(a.shape[0] for k, a in enumerate(asks) if k != part.part)
-        asked = [a.reshape(-1) for a in exchange.all_to_all(asks)]
-        self.served += sum(a.shape[0] for k, a in enumerate(asked) if k != part.part)
-        drawn = [self.serve(ids, fanout, key) for ids in asked]
-        counts = exchange.all_to_all([np.diff(p).astype(np.int32) for p, _ in drawn],
-                                     [a.shape[0] for a in asks])
-        grouped_counts = np.concatenate([c.reshape(-1) for c in counts]).astype(np.int64)
-        nbrs = exchange.all_to_all([n for _, n in drawn], [int(c.sum()) for c in counts])
-        grouped_ptr = np.zeros(dst.shape[0] + 1, np.int64)
-        np.cumsum(grouped_counts, out=grouped_ptr[1:])
-        ptr = np.zeros(dst.shape[0] + 1, np.int64)
-        in_order = np.empty(dst.shape[0], np.int64)
-        in_order[order] = grouped_counts
-        np.cumsum(in_order, out=ptr[1:])
-        grouped = np.concatenate([n.reshape(-1) for n in nbrs]) if nbrs else np.zeros(0, self.indices.dtype)
-        return ptr, in_frontier_order(order, grouped_ptr, grouped.astype(self.indices.dtype, copy=False), ptr)
+        if exchange is None:
+            return self.serve(dst, fanout, key)
+        with exchange.unit():  # one unit of a ``Lane``: no rank stops within it
+            order, asks = by_owner(dst, part.part_of, part.parts)
+            self.asked += sum(a.shape[0] for k, a in enumerate(asks) if k != part.part)
+            asked = [a.reshape(-1) for a in exchange.all_to_all(asks)]
+            self.served += sum(a.shape[0] for k, a in enumerate(asked) if k != part.part)
+            drawn = [self.serve(ids, fanout, key) for ids in asked]
+            counts = exchange.all_to_all([np.diff(p).astype(np.int32) for p, _ in drawn],
+                                         [a.shape[0] for a in asks])
+            grouped_counts = np.concatenate([c.reshape(-1) for c in counts]).astype(np.int64)
+            nbrs = exchange.all_to_all([n for _, n in drawn], [int(c.sum()) for c in counts])
+            grouped_ptr = np.zeros(dst.shape[0] + 1, np.int64)
+            np.cumsum(grouped_counts, out=grouped_ptr[1:])
+            ptr = np.zeros(dst.shape[0] + 1, np.int64)
+            in_order = np.empty(dst.shape[0], np.int64)
+            in_order[order] = grouped_counts
+            np.cumsum(in_order, out=ptr[1:])
+            grouped = np.concatenate([n.reshape(-1) for n in nbrs]) if nbrs else np.zeros(0, self.indices.dtype)
+            return ptr, in_frontier_order(order, grouped_ptr, grouped.astype(self.indices.dtype, copy=False), ptr)
 
     def serve(self, ids: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray]:
         """The draws of ``ids`` (this part's vertices) as the whole graph's sampler makes them: (ptr, nbrs)."""
@@ -132,12 +137,12 @@ class PartitionedSampler(OneThread, Sampler):
         return sample_rows(self.indptr, self.indices, rows, ids, fanout, np.uint64(key))
 
 
-def global_in_degrees(part, gather) -> np.ndarray:
-    """Every vertex's in-degree in the whole graph (float32, the whole graph's size), from each part's own, in
+def global_in_degrees(part, gather, dtype=np.float32) -> np.ndarray:
+    """Every vertex's in-degree in the whole graph (``dtype``, the whole graph's size), from each part's own, in
     its local order: ``gather(tensor)`` returns every rank's tensor (rank order; a collective) or, in one
     process, ``[tensor]``; vertex v's is row ``local_index[v]`` of part ``part_of[v]``'s. What symmetric GCN's
     blocks carry for their sources; 4 bytes a vertex, as ``part_of``."""
-    own = torch.from_numpy(np.diff(np.asarray(part.indptr)).astype(np.float32))
+    own = torch.from_numpy(np.diff(np.asarray(part.indptr)).astype(dtype))
     parts = gather(own)
     starts = np.cumsum([0] + [p.shape[0] for p in parts[:-1]])
     return torch.cat(parts).numpy()[starts[np.asarray(part.part_of)] + np.asarray(part.local_index)]

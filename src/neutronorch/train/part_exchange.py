@@ -48,3 +48,34 @@ class GlooExchange(Exchange):
         with world._collective(self.what):
             dist.all_to_all_single(out, torch.from_numpy(send), list(sizes), list(send_sizes), group=self.group)
         return out.numpy(), list(sizes)
+
+
+class TrafficRecord:
+    """The bytes a partitioned run's training exchanges moved, by lane (``lanes``: name -> ``Exchange``; the
+    thread each serves): per epoch in its record, every rank's, with every rank's CPU seconds (the ranks' work
+    differs with their parts), and over the run in the summary. A record's entry per rank holds the lanes'
+    totals and, with several lanes, each lane's."""
+
+    def __init__(self, world: World, lanes: dict):
+        self.world, self.lanes, self._last = world, lanes, {}
+
+    def traffic(self) -> dict:
+        lanes = {name: exchange.traffic() for name, exchange in self.lanes.items()}
+        total = {key: sum(lane[key] for lane in lanes.values()) for key in next(iter(lanes.values()))}
+        return {**total, "lanes": lanes} if len(lanes) > 1 else total
+
+    def end_epoch(self, record: dict) -> None:
+        """A collective: rank 0's ``record`` gets every rank's bytes of the epoch and its CPU seconds."""
+        now = self.traffic()
+        since = since_last(now, self._last)
+        self._last = now
+        mine = (since, record.get("cpu_seconds"))
+        world = self.world
+        ranks = world.gather_objects(mine, "gathering the bytes exchanged") if world.distributed else [mine]
+        record["exchange"] = None if ranks is None else [bytes_ for bytes_, _ in ranks]  # None: not rank 0
+        record["cpu_seconds_per_rank"] = None if ranks is None else [seconds for _, seconds in ranks]
+
+
+def since_last(now: dict, last: dict) -> dict:
+    return {key: since_last(value, last.get(key, {})) if isinstance(value, dict) else value - last.get(key, 0)
+            for key, value in now.items()}

@@ -47,15 +47,17 @@ from neutronorch.train.link_task import LinkTask, check_link_settings, check_nod
 from neutronorch.train.optim import Adam
 from neutronorch.train.part_checkpoint import attach_checkpoints
 from neutronorch.train.part_eval import PartEvaluation
-from neutronorch.train.part_exchange import GlooExchange
+from neutronorch.train.part_exchange import GlooExchange, TrafficRecord
 from neutronorch.train.part_links import PartLinkEvaluation, check_task, link_model
+from neutronorch.train.part_neutronorch import build_mode as build_neutronorch, check_request as check_neutronorch
 from neutronorch.train.run import Run
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import MetricLog
 from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")
-BUILT = "partitioned training (--partitions) is built for node and link tasks in exact mode on the CPU so far"
+BUILT = ("partitioned training (--partitions) is built for node and link tasks in exact mode, and node tasks in "
+         "neutronorch mode, on the CPU so far")
 WHY = "(docs/distributed.md, \"Partitioned training\")"
 
 
@@ -79,7 +81,8 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
                           f"holds the graph it was made from; give one of them.")
     check_task(config)  # a link split's folder trains a link task, any other a node task
     if config.mode not in PARTITIONED_MODES:
-        raise refuse(f"`mode` {config.mode}", "Give `mode` exact (or leave it out).")
+        raise refuse(f"`mode` {config.mode}", "Give `mode` exact (or leave it out) or neutronorch.")
+    CHECKS.get(config.mode, lambda _: None)(config)
     if device.type != "cpu":
         raise refuse(f"device {device}", "Give `device` cpu: the ranks exchange over gloo.")
     given = config.settings_given(["split", "times", "link_direction"])
@@ -110,6 +113,12 @@ class PartGraph:
     test_idx: np.ndarray
     links: object = None  # ``LinkSplit``: a link dataset's
     notes: list = field(default_factory=list)
+    terms: tuple | None = None  # (the training vertices, ascending; each one's known labels): ``loss_terms``
+
+    def loss_terms(self, ids: np.ndarray) -> int:
+        """``Graph.loss_terms`` of training vertices (what NeutronOrch's hot gradient weighs the ranks by)."""
+        order, terms = self.terms
+        return int(terms[np.searchsorted(order, np.asarray(ids))].sum())
 
     @classmethod
     def of(cls, part) -> "PartGraph":
@@ -132,7 +141,8 @@ class PartitionedMode(LoadingMode):
                  sampling, spans: Spans, sampler_threads: int):
         super().__init__(seeds, loader, sampling, spans)
         self.new_sampler, self.threads = new_sampler, {"sampler": sampler_threads}
-        self.world, self.evaluation_exchange, self._last = world, evaluation_exchange, {}
+        self.evaluation_exchange = evaluation_exchange
+        self.traffic = TrafficRecord(world, {"sampling": loader.fetcher.exchange})
 
     def batches(self, epoch: int, start: int = 0) -> "AlignedBatches":
         limit: dict = {}
@@ -141,20 +151,11 @@ class PartitionedMode(LoadingMode):
                                          threads=self.threads.get("sampler")), limit, max(1, self.sampling.prefetch))
 
     def end_epoch(self, record: dict) -> None:
-        """The record (rank 0's) gets every rank's bytes exchanged in the epoch and its CPU seconds (every thread
-        of each rank's process), one entry per rank: the ranks' work differs with their parts."""
-        traffic = self.loader.fetcher.exchange.traffic()
-        since = {key: value - self._last.get(key, 0) for key, value in traffic.items()}
-        self._last = traffic
-        mine = (since, record.get("cpu_seconds"))
-        ranks = self.world.gather_objects(mine, "gathering the bytes exchanged") if self.world.distributed else [mine]
-        record["exchange"] = None if ranks is None else [bytes_ for bytes_, _ in ranks]  # None: not rank 0
-        record["cpu_seconds_per_rank"] = None if ranks is None else [seconds for _, seconds in ranks]
+        self.traffic.end_epoch(record)
 
     def summary(self) -> dict:
         """This rank's bytes exchanged over the run: by its sampling and rows, and by its evaluations."""
-        return {"exchange": {"training": self.loader.fetcher.exchange.traffic(),
-                             "evaluation": self.evaluation_exchange.traffic()}}
+        return {"exchange": {"training": self.traffic.traffic(), "evaluation": self.evaluation_exchange.traffic()}}
 
     def describe(self) -> str:
         return f"sampler threads {self.threads['sampler']}, partitioned"
@@ -208,10 +209,8 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
                                 world.distributed else [t]) if model.needs_degrees else None
     seeds = (LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives, owner=part.part_of) if link
              else NodeSeeds(graph, sampling, part.part_of))  # each global batch dealt by owner
-    mode = PartitionedMode(world, evaluation_exchange, seeds,
-                           lambda: PartitionedSampler(part, sampling_exchange, sampling.fanouts, degrees), loader,
-                           sampling, spans, threads.sampler)
-    stack.callback(mode.close)
+    mode = MODES[config.mode](config, part, graph, world, access, loader, sampling, spans, threads, degrees, seeds,
+                              sampling_exchange, evaluation_exchange, stack)
     logger.info(f"partitioned: {world.describe()}; batch size {config.batch_size} per rank, "
                 f"{config.batch_size * world.size} per global batch, {mode.num_batches} global batches per epoch")
     logger.info(f"mode {mode.name}, model {config.model}, fanouts {config.fanouts}, device {device}, batch size "
@@ -223,6 +222,12 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     train_labels = (torch.cat(world.all_gather_rows(torch.from_numpy(own.astype(np.int64)),
                                                     "gathering the training labels")).numpy()
                     if world.distributed and not link else own)
+    if not link:  # every training vertex's known labels, in the order of the labels just gathered
+        ids = np.array(part.splits["train_idx"], dtype=np.int64)  # a writable copy
+        ids = torch.cat(world.all_gather_rows(torch.from_numpy(ids), "gathering the training vertices")).numpy() \
+            if world.distributed else ids
+        known, order = (train_labels >= 0).reshape(train_labels.shape[0], -1).sum(1), np.argsort(ids)
+        graph.terms = (ids[order], known[order])
     run = Run(config, graph, device, threads, model, optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
               util, metrics, task, data_seconds=data_seconds, world=world, stop=stop,
               health=Health(task.constant_losses(train_labels), []))
@@ -232,6 +237,20 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
         run.stop = run.sync.agreed  # every rank stops after the same step
     attach_checkpoints(run, part, world)  # each rank's own file, and with `resume`, every rank's checked
     return run
+
+
+def exact_mode(config: TrainConfig, part, graph: PartGraph, world: World, access, loader: PartitionedLoader, sampling,
+               spans: Spans, threads: Threads, degrees, seeds, cold, evaluation_exchange, stack) -> PartitionedMode:
+    """Exact mode on ``part``, sampling over the exchange ``cold`` (``part_neutronorch.build_mode``'s arguments)."""
+    mode = PartitionedMode(world, evaluation_exchange, seeds,
+                           lambda: PartitionedSampler(part, cold, sampling.fanouts, degrees), loader, sampling, spans,
+                           threads.sampler)
+    stack.callback(mode.close)
+    return mode
+
+
+MODES = {"exact": exact_mode, "neutronorch": build_neutronorch}  # what `partitions` trains in, by name
+CHECKS = {"neutronorch": check_neutronorch}  # ... and what each refuses before any output is made
 
 
 def on_every_rank(world: World, make, what: str):

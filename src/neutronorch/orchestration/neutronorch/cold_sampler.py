@@ -2,7 +2,8 @@
 only, drawn with the mini-batch's key (so with the planner's upper hops exactly what exact mode draws), then
 loaded as exact or device mode loads it. Hot destinations are never sampled, gathered or moved. Its batches
 are ``SplicedBatch``es: the bottom block covers only the cold destinations; the splice index says where among
-all bottom-layer destinations the cold rows and the reused hot rows go (``GNN.forward``).
+all bottom-layer destinations the cold rows and the reused hot rows go (``GNN.forward``). The trainer takes
+an epoch's of them from the stream at a time (``EpochView``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from neutronorch.nn.splice import SpliceIndex
 from neutronorch.observe import Spans
 from neutronorch.orchestration.batch import MiniBatch, each, per_type
 from neutronorch.orchestration.neutronorch.planner import Plan, PlanStats
+from neutronorch.orchestration.pipeline import Prefetcher
 
 
 @dataclass
@@ -79,3 +81,33 @@ def splice_index(num_rows: int, cold_pos, hot_pos, hot_rows) -> SpliceIndex:
     origin.index_copy_(0, cold_pos, torch.arange(cold_pos.shape[0], device=cold_pos.device))
     origin.index_copy_(0, hot_pos, -1 - hot_rows)
     return SpliceIndex(num_rows, cold_pos, hot_pos, hot_rows, origin)
+
+
+class EpochView:
+    """One epoch's mini-batches out of the mode's persistent stream (closing it does not stop the stream)."""
+
+    def __init__(self, stream: Prefetcher, epoch: int, count: int):
+        self._stream, self._epoch, self._left = stream, epoch, count
+
+    @property
+    def pending(self) -> int:
+        """Mini-batches the pipeline has produced ahead and not yet handed out (any epoch's)."""
+        return self._stream.pending
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> SplicedBatch:
+        if self._left == 0:
+            raise StopIteration
+        batch = next(self._stream)
+        if batch.epoch != self._epoch:
+            raise RuntimeError(f"pipeline out of step: got a batch of epoch {batch.epoch} in epoch {self._epoch}")
+        self._left -= 1
+        return batch
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        pass

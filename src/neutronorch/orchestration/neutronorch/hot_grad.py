@@ -49,7 +49,8 @@ class HotGradient:
         """At the super-batch's last step: W0's gradient (and a typed graph's sparse gradient of ``tables``)
         from the accumulated dL/dY, added to the parameters' or kept for ``averaged``."""
         typed = isinstance(hot.output, dict)
-        outputs = hot.output if typed else {} if hot.output is None or hot.num_hot == 0 else {None: hot.output}
+        # The rows this rank computed (on a partitioned graph also some it does not hold hot itself).
+        outputs = hot.output if typed else {} if hot.output is None or hot.output.shape[0] == 0 else {None: hot.output}
         if not outputs and not self.distributed:
             return
         params = list(bottom.parameters())

@@ -10,6 +10,7 @@ ahead by the host on the ``needs`` channel.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Callable
 
@@ -26,7 +27,7 @@ from neutronorch.orchestration.channel import Channel
 from neutronorch.orchestration.device_reader import DeviceReader
 from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES, HostLoader
 from neutronorch.orchestration.mode import StepInputs
-from neutronorch.orchestration.neutronorch.cold_sampler import SplicedBatch, cold_batches, splice_index
+from neutronorch.orchestration.neutronorch.cold_sampler import EpochView, SplicedBatch, cold_batches, splice_index
 from neutronorch.orchestration.neutronorch.controller import RatioController
 from neutronorch.orchestration.neutronorch.device_planner import DevicePlanner
 from neutronorch.orchestration.neutronorch.hot_rows import HotRowComputer
@@ -37,7 +38,7 @@ from neutronorch.orchestration.neutronorch.plan_loop import PlanLoop, one_ahead
 from neutronorch.orchestration.neutronorch.planner import Plan, PlannedBatch, Planner
 from neutronorch.orchestration.neutronorch.stats import HotStats
 from neutronorch.orchestration.neutronorch.versions import Schedule, SnapshotPublisher, StalenessCheck
-from neutronorch.orchestration.pipeline import Prefetcher
+from neutronorch.orchestration.pipeline import Prefetcher, leaving, run_in
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.block import SampledSubgraph
 from neutronorch.sampling.exclude import exclude_from_block, exclude_from_typed_block
@@ -55,7 +56,13 @@ STAGES = HOST_SAMPLING_STAGES.merge(StageTable(
 PROBE_KEY = 0x9E37  # mixed into the run's seed for the drift probe's fixed sample
 
 
-class HomogeneousKind:
+class Kind:
+    def leaving(self, lane: str):
+        """What the thread of ``lane`` ("plan", "cold", "host") does as it leaves (``parts.PartKind``'s)."""
+        return contextlib.nullcontext()
+
+
+class HomogeneousKind(Kind):
     needs = type_sizes = None
     lead_adapts = True  # the snapshot lead may grow while the trainer waits for hot rows
     numbered = False  # its cold sampler's spans carry no batch index
@@ -69,6 +76,10 @@ class HomogeneousKind:
         self.reader = DeviceReader(graph, access, spans, sampling) if access.placement.topology != "host" else None
         self.loader = HostLoader(access, spans) if self.reader is None else None
         self.plans_on_device = self.reader is not None
+
+    def plan_sampler(self):
+        """The planner's sampler of the upper hops (made on its thread)."""
+        return self.host_sampler()
 
     def cold_sampler(self):
         """The cold sampler's (made on its thread): over the reader's topology with ``plans_on_device``."""
@@ -115,7 +126,7 @@ class HomogeneousKind:
         return block.to(self.device), rows.to(self.device)
 
 
-class TypedKind:
+class TypedKind(Kind):
     lead_adapts = False  # a typed run at a fixed ratio trains the same steps whatever the times measured
     numbered = True
     reader = store = placement = cache = None  # (a homogeneous graph's feature access)
@@ -128,6 +139,9 @@ class TypedKind:
         self.loader = HostLoader(access, spans)  # its ``TypedInputs``
         self.plans_on_device = on_device
         self.needs = Channel("needs")  # the ids of the table rows each super-batch's hot rows read
+
+    def plan_sampler(self):
+        return self.host_sampler()
 
     def cold_sampler(self):
         """The cold sampler's (made on its thread): on the training device with ``plans_on_device``."""
@@ -196,7 +210,7 @@ class NeutronOrchMode:
 
     def __init__(self, kind: HomogeneousKind | TypedKind, seeds: NodeSeeds, sampling: SamplingConfig,
                  config: NeutronOrchConfig, epochs: int, spans: Spans, sampler_threads: int,
-                 host_threads: int, node: NodeLink | None):
+                 host_threads: int, node: NodeLink | None, shared=None):
         self.kind, self.graph, self.sampling, self.config = kind, kind.graph, sampling, config
         self.spans, self.device = spans, kind.device
         self.store, self.placement, self.cache = kind.store, kind.placement, kind.cache
@@ -210,7 +224,9 @@ class NeutronOrchMode:
         self.controller = RatioController(config, self.schedule, shared_cores=not on_cuda,
                                           probe_inputs=probe_inputs, lead_adapts=kind.lead_adapts)
         self.stats = HotStats()
-        self.node = NodeHotSet(node, kind.type_sizes) if node is not None and node.local_size > 1 else None
+        # Rows hot on several ranks computed once: by one of a node's, or by their owner (``parts.OwnerHotSet``).
+        self.node = shared if shared is not None else (
+            NodeHotSet(node, kind.type_sizes) if node is not None and node.local_size > 1 else None)
         self.hot_grad = HotGradient(self.seeds, self.node)
         self.version = 0  # optimizer steps taken
         self.model: torch.nn.Module | None = None
@@ -241,16 +257,18 @@ class NeutronOrchMode:
             hot = resumed["vertices"]
         self._producer = producer
         if not kind.plans_on_device:  # planned on the host, in a thread of its own
-            self._plans = Prefetcher(lambda: plans.run(kind.host_sampler(), kind.planner(None), start, hot),
+            self._plans = Prefetcher(lambda: leaving(plans.run(kind.plan_sampler(), kind.planner(None), start, hot),
+                                                     kind.leaving("plan")),
                                      depth=1, name="neutronorch-planner", threads=self.threads["host"])
             source = lambda _sampler: self._plans  # noqa: E731
         else:  # planned on the device, by the cold sampler's thread with its sampler
             source = lambda device_sampler: one_ahead(plans.run(  # noqa: E731
                 device_sampler, kind.planner(device_sampler), start, hot, "sample"))
-        self._host = threading.Thread(target=producer.compute, args=(start,), name="neutronorch-host", daemon=True)
+        self._host = threading.Thread(target=run_in, args=(kind.leaving("host"), producer.compute, start),
+                                      name="neutronorch-host", daemon=True)
         self._host.start()
-        self._stream = Prefetcher(lambda: cold_batches(kind, self.spans, source, position),
-                                  depth=self.sampling.prefetch, name="neutronorch-sampler",
+        cold = lambda: leaving(cold_batches(kind, self.spans, source, position), kind.leaving("cold"))  # noqa: E731
+        self._stream = Prefetcher(cold, depth=self.sampling.prefetch, name="neutronorch-sampler",
                                   threads=self.threads["sampler"])
         # A typed graph's first snapshot waits for the host's table ids.
         self.snapshots.publish_due(self.bottom, self.version, self.controller.lead)
@@ -291,7 +309,7 @@ class NeutronOrchMode:
         self.hot_grad.unweigh(hot)
         if not batch.splice.last or self.config.hot_grad != "cpu":
             return
-        if hot.output is None or hot.num_hot == 0:  # nothing hot: nothing to add (zeros for the reduction)
+        if hot.output is None or (hot.num_hot == 0 and hot.exchange is None):  # nothing to add (zeros for the sum)
             return self.hot_grad.finish(hot, self.bottom)
         with self.spans.stage("hot_grad"):
             self.staleness.check(hot, self.version)
@@ -330,7 +348,7 @@ class NeutronOrchMode:
         """Record this epoch's hot ratio and staleness controls and, with ``auto``, choose the next ones."""
         agree = None
         if self.node is not None:  # the node's ranks share rows: they must take snapshots at the same versions
-            agree = lambda values: self.node.link.max_(torch.tensor(values, dtype=torch.float64)).tolist()  # noqa: E731
+            agree = lambda values: self.node.max_(torch.tensor(values, dtype=torch.float64)).tolist()  # noqa: E731
         ratio, served = self.stats.end_epoch(record["epoch"])
         apart = self.stats.planned_apart(record["epoch"], self.controller.setting.ratio)
         record.update(self.controller.end_epoch(record, ratio, self.stages, agree, apart))
@@ -356,35 +374,6 @@ class NeutronOrchMode:
 
     @property
     def hot_set(self) -> str:
-        """Who computes hot rows held by several ranks of a node: "node" (one of them) or "rank" (each)."""
-        return "node" if self.node is not None else "rank"
-
-
-class EpochView:
-    """One epoch's mini-batches out of the mode's persistent stream (closing it does not stop the stream)."""
-
-    def __init__(self, stream: Prefetcher, epoch: int, count: int):
-        self._stream, self._epoch, self._left = stream, epoch, count
-
-    @property
-    def pending(self) -> int:
-        """Mini-batches the pipeline has produced ahead and not yet handed out (any epoch's)."""
-        return self._stream.pending
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> SplicedBatch:
-        if self._left == 0:
-            raise StopIteration
-        batch = next(self._stream)
-        if batch.epoch != self._epoch:
-            raise RuntimeError(f"pipeline out of step: got a batch of epoch {batch.epoch} in epoch {self._epoch}")
-        self._left -= 1
-        return batch
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        pass
+        """Who computes hot rows held by several ranks: "node" (one of a node's), "owner" (the rank owning the
+        vertex, on a partitioned graph) or "rank" (each)."""
+        return self.node.name if self.node is not None else "rank"

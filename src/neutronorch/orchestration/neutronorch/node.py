@@ -92,9 +92,15 @@ class NodeHotSet:
     """The exchange of one rank's hot rows with its node's other ranks (``num_nodes``: a typed graph's, per
     type)."""
 
+    name = "node"
+
     def __init__(self, link: NodeLink, num_nodes: dict[str, int] | None = None):
         self.link = link
         self.offsets = None if num_nodes is None else dict(zip(num_nodes, np.cumsum([0, *num_nodes.values()])))
+
+    def max_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Trainer thread: the element-wise maximum over the node's ranks, in place."""
+        return self.link.max_(tensor)
 
     def sizes(self, hot: dict[str, np.ndarray]) -> list[int]:
         """A typed hot set's sizes, type by type in the node's order."""
