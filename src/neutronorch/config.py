@@ -50,7 +50,7 @@ class TrainConfig:
         None, type=str, metavar="DIR",
         help="train on a partition folder (`neutronorch partition`) instead of `dataset`: rank r of a torchrun "
              "launch holds part r only and asks the other ranks for what it lacks; a node or link task in exact "
-             "mode, a node task in neutronorch mode, on the CPU (docs/distributed.md, \"Partitioned training\")")
+             "or neutronorch mode on the CPU (docs/distributed.md, \"Partitioned training\")")
     deal_by: str | None = setting(
         None, type=str, metavar="DIR",
         help="data parallel on the whole graph: deal each global batch's seeds (a link task's: by their source) "

@@ -1,7 +1,7 @@
 """``train --partitions DIR --mode neutronorch``: NeutronOrch mode on the parts (docs/distributed.md, "NeutronOrch
 across the parts"; ``orchestration/neutronorch/parts.py``). Each rank plans and trains its share of every
 global batch as the full-copy data-parallel run dealt by the same parts (``--deal-by``) does, and the row of
-a hot vertex is computed by its owner for every rank holding it hot. What is not built yet is refused."""
+a hot vertex is computed by its owner for every rank holding it hot. What does not apply to parts is refused."""
 
 from __future__ import annotations
 
@@ -20,20 +20,12 @@ from neutronorch.sampling.partitioned import PartitionedSampler, global_in_degre
 from neutronorch.train.distributed import World
 from neutronorch.train.part_exchange import GlooExchange, TrafficRecord
 
-BUILT = "NeutronOrch mode on a partition folder is built for node tasks at a fixed `hot_ratio`"
 WHY = "(docs/distributed.md, \"NeutronOrch across the parts\")"
 
 
 def check_request(config: TrainConfig) -> None:
-    """Refuse, before any output is made, what NeutronOrch mode on the parts cannot do yet, with the reason."""
+    """Refuse, before any output is made, what does not apply to NeutronOrch mode on the parts, with the reason."""
     settings = config.neutronorch
-    if settings.hot_ratio == "auto":
-        raise ConfigError(f"`hot_ratio` auto with `partitions`: {BUILT} so far {WHY}; its drift probe would sample "
-                          f"across the parts at boundaries the ranks do not share. Give `hot_ratio` a fraction "
-                          f"such as 0.2.")
-    if config.task == "link":
-        raise ConfigError(f"`mode` neutronorch with `task` link and `partitions`: {BUILT} so far {WHY}. Give "
-                          f"`mode` exact.")
     if config.settings_given(["hot_set"]):
         raise ConfigError(f"`hot_set` {settings.hot_set} with `partitions`: on a partitioned graph the rank owning a "
                           f"hot vertex computes its row for every rank holding it hot {WHY}. Leave `hot_set` out.")
@@ -91,6 +83,8 @@ def build_mode(config: TrainConfig, part, graph, world: World, access, loader, s
     del counts
     kind = PartKind(graph, access, spans, sampling, samplers, loader,
                     RemoteStore(RemoteRows(part, lanes["host"]), loader.dtype), degree_ptr, lanes)
+    if config.neutronorch.hot_ratio == "auto":  # the drift probe's rows, fetched now (trainer thread, every rank)
+        kind.prepare_probe(part, lambda ids: RemoteRows(part, evaluation_exchange).fetch(ids)[0])
     shared = OwnerHotSet(part, lanes["host"], gradients, agree)
     traffic = TrafficRecord(world, {**lanes, "gradient": gradients})
     mode = PartNeutronOrchMode(kind, seeds, sampling, config.neutronorch, config.epochs, spans, threads.sampler,

@@ -56,8 +56,7 @@ from neutronorch.train.summary import MetricLog
 from neutronorch.train.task import Task
 
 logger = logging.getLogger("neutronorch")
-BUILT = ("partitioned training (--partitions) is built for node and link tasks in exact mode, and node tasks in "
-         "neutronorch mode, on the CPU so far")
+BUILT = "partitioned training (--partitions) is built for node and link tasks in exact and neutronorch mode on the CPU"
 WHY = "(docs/distributed.md, \"Partitioned training\")"
 
 

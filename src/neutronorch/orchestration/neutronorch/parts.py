@@ -23,10 +23,11 @@ import numpy as np
 import torch
 
 from neutronorch.bfloat16 import tensor_from_numpy
-from neutronorch.orchestration.neutronorch.mode import HomogeneousKind
-from neutronorch.orchestration.neutronorch.planner import Planner
+from neutronorch.orchestration.neutronorch.mode import PROBE_KEY, HomogeneousKind
+from neutronorch.orchestration.neutronorch.planner import PROBE_ROWS, Planner
 from neutronorch.orchestration.remote_rows import RemoteRows
 from neutronorch.sampling.exchange import Exchange, Lane
+from neutronorch.sampling.neighbor_sampler import mix_key
 from neutronorch.sampling.partitioned import by_owner
 
 
@@ -156,6 +157,17 @@ class PartKind(HomogeneousKind):
     def planner(self, sampler) -> Planner:
         return Planner(self.graph, self.sampling.fanouts[-1], self.degree_ptr)
 
+    def prepare_probe(self, part, fetch) -> None:
+        """``hot_ratio`` auto: the drift probe's inputs, fixed at the start on every rank (``fetch(ids)``: the
+        rows of any vertices, a collective). A rank probes its part's ``PROBE_ROWS`` vertices of the most
+        in-edges (a part's hubs, what plans make hottest), not a plan's hottest: those are known at a super-batch
+        boundary, which the ranks reach at different times, and their neighbours' rows may be other parts'."""
+        degree = np.diff(np.asarray(part.indptr))
+        ids = np.sort(np.asarray(part.ids)[np.argsort(-degree, kind="stable")[:PROBE_ROWS]])
+        block, frontier = self.bottom_hop(self.host_sampler(), ids, mix_key(self.sampling.seed, PROBE_KEY))
+        self.probe = block, tensor_from_numpy(fetch(frontier.numpy())).float()
+
     def probe_inputs(self, ids, sampling, model):
-        raise RuntimeError("the drift probe of `hot_ratio` auto is not built for a partitioned run (refused "
-                           "before it starts). This is a bug.")
+        """The drift probe's block and float32 rows on the device (``prepare_probe``'s, whatever ``ids``)."""
+        block, rows = self.probe
+        return block.to(self.device), rows.to(self.device)
