@@ -53,11 +53,15 @@ class GlooExchange(Exchange):
 class TrafficRecord:
     """The bytes a partitioned run's training exchanges moved, by lane (``lanes``: name -> ``Exchange``; the
     thread each serves): per epoch in its record, every rank's, with every rank's CPU seconds (the ranks' work
-    differs with their parts), and over the run in the summary. A record's entry per rank holds the lanes'
-    totals and, with several lanes, each lane's."""
+    differs with their parts), and over the run in the summary, beside the evaluations' (``evaluation``). A
+    record's entry per rank holds the lanes' totals and, with several lanes, each lane's."""
 
-    def __init__(self, world: World, lanes: dict):
-        self.world, self.lanes, self._last = world, lanes, {}
+    def __init__(self, world: World, lanes: dict, evaluation: Exchange):
+        self.world, self.lanes, self.evaluation, self._last = world, lanes, evaluation, {}
+
+    def summary(self) -> dict:
+        """This rank's bytes exchanged over the run: by its training lanes, and by its evaluations."""
+        return {"exchange": {"training": self.traffic(), "evaluation": self.evaluation.traffic()}}
 
     def traffic(self) -> dict:
         lanes = {name: exchange.traffic() for name, exchange in self.lanes.items()}

@@ -35,9 +35,9 @@ class PartNeutronOrchMode(NeutronOrchMode):
     """``NeutronOrchMode`` over ``PartKind``, whose epoch records and summary also hold the bytes each lane
     exchanged (``TrafficRecord``: the planner's, the cold sampler's, the host's and the trainer's)."""
 
-    def __init__(self, *args, traffic: TrafficRecord, evaluation_exchange, **kwargs):
+    def __init__(self, *args, traffic: TrafficRecord, **kwargs):
         super().__init__(*args, **kwargs)
-        self.traffic, self.evaluation_exchange = traffic, evaluation_exchange
+        self.traffic = traffic
 
     def end_epoch(self, record: dict) -> None:
         super().end_epoch(record)
@@ -45,8 +45,7 @@ class PartNeutronOrchMode(NeutronOrchMode):
 
     def summary(self) -> dict:
         owner = self.node
-        return {**super().summary(), "exchange": {"training": self.traffic.traffic(),
-                                                  "evaluation": self.evaluation_exchange.traffic()},
+        return {**super().summary(), **self.traffic.summary(),
                 "hot_rows_exchanged": {"sent": owner.sent_rows, "received": owner.received_rows}}
 
 
@@ -86,9 +85,8 @@ def build_mode(config: TrainConfig, part, graph, world: World, access, loader, s
     if config.neutronorch.hot_ratio == "auto":  # the drift probe's rows, fetched now (trainer thread, every rank)
         kind.prepare_probe(part, lambda ids: RemoteRows(part, evaluation_exchange).fetch(ids)[0])
     shared = OwnerHotSet(part, lanes["host"], gradients, agree)
-    traffic = TrafficRecord(world, {**lanes, "gradient": gradients})
+    traffic = TrafficRecord(world, {**lanes, "gradient": gradients}, evaluation_exchange)
     mode = PartNeutronOrchMode(kind, seeds, sampling, config.neutronorch, config.epochs, spans, threads.sampler,
-                               threads.host, None, shared=shared, traffic=traffic,
-                               evaluation_exchange=evaluation_exchange)
+                               threads.host, None, shared=shared, traffic=traffic)
     stack.callback(mode.close)
     return mode

@@ -140,8 +140,7 @@ class PartitionedMode(LoadingMode):
                  sampling, spans: Spans, sampler_threads: int):
         super().__init__(seeds, loader, sampling, spans)
         self.new_sampler, self.threads = new_sampler, {"sampler": sampler_threads}
-        self.evaluation_exchange = evaluation_exchange
-        self.traffic = TrafficRecord(world, {"sampling": loader.fetcher.exchange})
+        self.traffic = TrafficRecord(world, {"sampling": loader.fetcher.exchange}, evaluation_exchange)
 
     def batches(self, epoch: int, start: int = 0) -> "AlignedBatches":
         limit: dict = {}
@@ -153,8 +152,7 @@ class PartitionedMode(LoadingMode):
         self.traffic.end_epoch(record)
 
     def summary(self) -> dict:
-        """This rank's bytes exchanged over the run: by its sampling and rows, and by its evaluations."""
-        return {"exchange": {"training": self.traffic.traffic(), "evaluation": self.evaluation_exchange.traffic()}}
+        return self.traffic.summary()
 
     def describe(self) -> str:
         return f"sampler threads {self.threads['sampler']}, partitioned"

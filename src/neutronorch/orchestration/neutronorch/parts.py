@@ -15,7 +15,6 @@ gradient rows. Every rank takes part in each, the same number of times, nothing 
 from __future__ import annotations
 
 import contextlib
-import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -49,7 +48,6 @@ class OwnerHotSet:
     snapshots at the same versions. The interface of ``node.NodeHotSet``, for ``NeutronOrchMode``."""
 
     name = "owner"
-    offsets = None  # a homogeneous graph's
 
     def __init__(self, part, rows: Exchange, gradients: Exchange, agree: Callable[[torch.Tensor], torch.Tensor]):
         self.part, self.rows, self.gradients, self.agree = part, rows, gradients, agree
@@ -144,9 +142,13 @@ class PartKind(HomogeneousKind):
         self.samplers, self.loader, self.source, self.degree_ptr = samplers, loader, source, degree_ptr
         self.lanes = lanes  # each thread's exchange: "plan", "cold" and "host"
 
+    @contextlib.contextmanager
     def leaving(self, lane: str):
         """As the thread of ``lane`` leaves, done or stopped early, it tells the other ranks' (``Lane``)."""
-        return contextlib.closing(types.SimpleNamespace(close=self.lanes[lane].finish))
+        try:
+            yield
+        finally:
+            self.lanes[lane].finish()
 
     def plan_sampler(self):
         return self.samplers("plan")
