@@ -147,8 +147,7 @@ def test_ranks_on_parts_reproduce_the_full_copy_neutronorch_run(tmp_path, task):
     # Node: 301 training vertices in global batches of 100 (GCN). Link: 9,645 training edges in global batches of
     # 2,000, dealt by their source's owner; the owner of a hot vertex draws its bottom hop without the super-batch's
     # positives, as the ranks holding it hot would. Every rank plans the hot sets of its share, and the owner of
-    # each hot vertex computes its row for all of them. With patience 1 the run may stop early: the threads'
-    # exchanges then stop together wherever the stop leaves them.
+    # each hot vertex computes its row for all of them.
     if task == "node":
         split = "ratio:0.10034,0.05"
         folder = _partition(load_dataset(GRAPH, split, 0), tmp_path / "parts", 2, "metis")
@@ -156,10 +155,10 @@ def test_ranks_on_parts_reproduce_the_full_copy_neutronorch_run(tmp_path, task):
     else:
         folder, full_args = _link_partition(tmp_path / "parts", 2, "metis"), []
         args = ["--task", "link", "--batch-size", "1000", "--eval-negatives", "20"]
-    args = [*COMMON, *HOT, *args, "--epochs", "4", "--dropout", "0.4", "--dist-timeout", "60", "--lr", "0.05",
-            "--patience", "1"]
+    args = [*COMMON, *HOT, *args, "--epochs", "3", "--dropout", "0.4", "--dist-timeout", "60", "--lr", "0.05",
+            "--eval-every", "0"]
     (parted, summary), (full, expected) = _both_runs(tmp_path, 2, args, folder, full_args)
-    assert len(parted) == len(full) >= 8
+    assert len(parted) == len(full) >= 12
     assert parted == pytest.approx(full, rel=1e-5)
     metric = "test_acc" if task == "node" else "test_mrr"
     assert summary[metric] == pytest.approx(expected[metric], abs=0.01)
