@@ -2,6 +2,7 @@
 against the bytes a run measured, per rank: training (sampling and rows) in the first epoch, and evaluation.
 
     python bench/partition_bytes.py --partitions PARTS                 # runs K ranks (torchrun), one epoch
+    python bench/partition_bytes.py --partitions PARTS --hot-ratio 0.2    # NeutronOrch mode, bytes per lane
     python bench/partition_bytes.py --partitions PARTS --summary run.json   # reads a run's summary instead
     python bench/partition_bytes.py --predict                          # ogbn-papers100M and IGB-full
 
@@ -9,7 +10,10 @@ A run is ``torchrun --standalone --nproc-per-node K -m neutronorch train --parti
 ``--threads 1 --sampler-threads 1``; its summary's epoch record holds every rank's bytes, its ``exchange`` rank
 0's evaluation bytes. The model is read with the run's fanouts, batch size, hidden width and evaluation chunk,
 once with the degree classes of the parts' in-edges and once with every vertex at the mean degree (``one
-class``), and the table gives measured / model. ``--predict`` prints the model's bytes, seconds and memory per
+class``), and the table gives measured / model. With ``--hot-ratio R`` the run is NeutronOrch mode at that ratio
+(``--mode neutronorch``, no evaluation) and the table gives each rank's bytes per lane (plan, cold, host,
+gradient) against ``partition_cost_hot.py``'s, with the plan's hot, computed and reached vertices and reuse.
+``--predict`` prints the model's bytes, seconds and memory per
 machine for the two large graphs at 4, 16 and 64 machines, under the assumptions in docs/distributed.md
 ("Cost model")."""
 
@@ -28,6 +32,7 @@ from common import OUT
 from neutronorch.orchestration.partition_cost import (DEALINGS, CostInputs, Degrees, epoch_seconds,
                                                       evaluation_bytes, frontier, machine_memory, of_partition,
                                                       rank_batches, training_bytes)
+from neutronorch.orchestration.partition_cost_hot import LANES, neutronorch_bytes
 
 TARGET = 0.15  # measured within 15% of the model
 
@@ -39,6 +44,9 @@ def run(parts: Path, ranks: int, args, summary: Path) -> dict:
                "--batch-size", str(args.batch_size), "--hidden", str(args.hidden), "--epochs", "1",
                "--threads", "1", "--sampler-threads", "1", "--no-progress", "--no-stage-table", "--device", "cpu",
                "--no-save", "--summary-json", str(summary)]
+    if args.hot_ratio is not None:
+        command += ["--mode", "neutronorch", "--hot-ratio", str(args.hot_ratio), "--super-batch",
+                    str(args.super_batch), "--eval-every", "-1"]
     print("$ " + " ".join(command), file=sys.stderr, flush=True)
     summary.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(command, check=True, env=env)
@@ -47,6 +55,8 @@ def run(parts: Path, ranks: int, args, summary: Path) -> dict:
 
 def compare(parts: Path, summary: dict, dealing: str) -> list[str]:
     config = summary["config"]
+    if config["mode"] == "neutronorch":
+        return compare_lanes(parts, summary, dealing)
     inputs = of_partition(parts, [int(f) for f in config["fanouts"]], int(config["batch_size"]),
                           hidden=int(config["hidden"]), eval_batch_size=int(config["eval_batch_size"]),
                           dealing=dealing)
@@ -79,6 +89,42 @@ def compare(parts: Path, summary: dict, dealing: str) -> list[str]:
     return lines
 
 
+def compare_lanes(parts: Path, summary: dict, dealing: str) -> list[str]:
+    """A NeutronOrch run's training bytes per rank and lane against the model's (every lane and the total
+    within the target), and its rank 0's plan statistics against the model's."""
+    config = summary["config"]
+    row_bytes = 2 if "bf16" in str(summary.get("precision", {}).get("name", "")) else 4
+    inputs = of_partition(parts, [int(f) for f in config["fanouts"]], int(config["batch_size"]),
+                          hidden=int(config["hidden"]), dealing=dealing, hot_ratio=float(config["hot_ratio"]),
+                          super_batch=int(config["super_batch"]), hot_row_bytes=row_bytes)
+    lines = [f"{parts}: {inputs.ranks} ranks, {dealing} dealing, cut {inputs.cut:.2%}, fanouts {inputs.fanouts}, "
+             f"batch {inputs.batch_size} per rank, hot ratio {inputs.hot_ratio:g}, super-batch {inputs.super_batch}",
+             "", "| rank | lane | sent | received | model | sent / model | received / model |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    worst, worst_lane = 0.0, {}
+    for rank, measured in enumerate(summary["epochs"][0]["exchange"]):
+        model = neutronorch_bytes(inputs, rank)
+        for lane in (*LANES, "total"):
+            got = measured if lane == "total" else measured["lanes"][lane]
+            ratios = [got[d] / model[lane] if model[lane] else float(got[d] == 0) for d in ("sent_bytes",
+                                                                                             "received_bytes")]
+            off = max(abs(r - 1) for r in ratios)
+            worst_lane[lane] = max(worst_lane.get(lane, 0.0), off)
+            worst = max(worst, off) if lane == "total" else worst
+            lines.append(f"| {rank} | {lane} | {got['sent_bytes']:,} | {got['received_bytes']:,} | "
+                         f"{model[lane]:,.0f} | {ratios[0]:.3f} | {ratios[1]:.3f} |")
+    hot, model = summary["hot"], neutronorch_bytes(inputs, 0)
+    lines += ["", f"rank 0 per super-batch, measured / model: hot {hot['mean_hot_per_super_batch']:,.0f} / "
+                  f"{model['hot']:,.0f}, computed {hot['mean_computed_per_super_batch']:,.0f} / "
+                  f"{model['computed']:,.0f}, reached {hot['mean_reached_per_super_batch']:,.0f} / "
+                  f"{model['reached']:,.0f}; reuse rate "
+                  f"{hot['reuse_rate']:.3f} / {model['reuse_rate']:.3f}",
+              "largest difference per lane: " + ", ".join(f"{lane} {off:.1%}" for lane, off in worst_lane.items()),
+              f"largest difference of a rank's total from the model: {worst:.1%} "
+              f"({'PASS' if worst <= TARGET else 'FAIL'}: target {TARGET:.0%})"]
+    return lines
+
+
 def one_rank_rows(inputs: CostInputs) -> float:
     """Rank 0's mean input rows per batch over the epoch's batches (empty ones included)."""
     batches = rank_batches(inputs, 0)
@@ -99,24 +145,29 @@ ASSUMED_CUT = {4: 0.2, 16: 0.3, 64: 0.4}
 
 
 def predict(args) -> list[str]:
+    """The large graphs' rows: per graph, machines and dealing exact mode, and by owner (as a partitioned run
+    deals) NeutronOrch mode at each ``--hot-ratio``."""
     fanouts = tuple(int(f) for f in args.fanouts.split(","))
     lines = [f"fanouts {args.fanouts}, batch {args.batch_size} per machine, hidden {args.hidden}, float32 "
              f"features; network {args.network} Gbit/s, disk {args.disk} GB/s; METIS cut assumed {ASSUMED_CUT}; "
-             f"GB received (= sent) per machine", "",
-             "| graph | machines | dealing | hot | training GB | evaluation GB | memory GB | "
+             f"NeutronOrch super-batch {args.super_batch}; GB received (= sent) per machine", "",
+             "| graph | machines | dealing | mode | training GB | evaluation GB | memory GB | "
              + " | ".join(f"train s, {g:g} Gbit/s" for g in args.network) + " | "
              + " | ".join(f"eval s, {g:g} Gbit/s" for g in args.network) + " | train s, disk |",
-             "|---|---:|---|---:|---:|---:|---:|" + "---:|" * (2 * len(args.network) + 1)]
+             "|---|---:|---|---|---:|---:|---:|" + "---:|" * (2 * len(args.network) + 1)]
+    modes = [("exact", None, DEALINGS)] + [(f"hot ratio {r:g}", r, ("owner",)) for r in args.hot_ratio or ()]
     for name, graph in GRAPHS.items():
         for machines, cut in ASSUMED_CUT.items():
-            for dealing in DEALINGS:
-                for hot in args.hot:
+            for mode, ratio, dealings in modes:
+                for dealing in dealings:
                     inputs = CostInputs(**graph, ranks=machines, fanouts=fanouts, batch_size=args.batch_size,
-                                        hidden=args.hidden, cut=cut, dealing=dealing, hot=hot)
-                    train, evaluation = training_bytes(inputs, 0)["total"], evaluation_bytes(inputs, 0)["total"]
-                    times = [epoch_seconds(inputs, g) for g in args.network]
-                    disk = epoch_seconds(inputs, args.network[0], args.disk)["train_disk"]
-                    lines.append(f"| {name} | {machines} | {dealing} | {hot:g} | {train / 1e9:,.1f} | "
+                                        hidden=args.hidden, cut=cut, dealing=dealing, hot_ratio=ratio,
+                                        super_batch=args.super_batch)
+                    train = neutronorch_bytes(inputs, 0) if ratio is not None else training_bytes(inputs, 0)
+                    evaluation = evaluation_bytes(inputs, 0)["total"]
+                    times = [epoch_seconds(inputs, g, train=train) for g in args.network]
+                    disk = epoch_seconds(inputs, args.network[0], args.disk, train=train)["train_disk"]
+                    lines.append(f"| {name} | {machines} | {dealing} | {mode} | {train['total'] / 1e9:,.1f} | "
                                  f"{evaluation / 1e9:,.1f} | {machine_memory(inputs)['total'] / 1e9:,.1f} | "
                                  + " | ".join(f"{t['train_network']:,.1f}" for t in times) + " | "
                                  + " | ".join(f"{t['eval_network']:,.1f}" for t in times) + f" | {disk:,.0f} |")
@@ -135,13 +186,18 @@ def main() -> int:
     parser.add_argument("--predict", action="store_true", help="the large graphs' predictions instead")
     parser.add_argument("--network", type=float, nargs="+", default=[10.0, 100.0], help="Gbit/s (--predict)")
     parser.add_argument("--disk", type=float, default=2.0, help="GB/s of the disk (--predict)")
-    parser.add_argument("--hot", type=float, nargs="+", default=[0.0], help="hot shares (--predict)")
+    parser.add_argument("--hot-ratio", type=float, nargs="+",
+                        help="NeutronOrch mode at this hot ratio (--predict: each, beside exact mode)")
+    parser.add_argument("--super-batch", type=int, default=8, help="mini-batches a super-batch (NeutronOrch)")
     args = parser.parse_args()
     if args.predict:
         print("\n".join(predict(args)))
         return 0
     if args.partitions is None:
         parser.error("give --partitions (and --summary to read a run), or --predict")
+    if args.hot_ratio is not None and len(args.hot_ratio) != 1:
+        parser.error(f"--hot-ratio {args.hot_ratio}: a run takes one ratio; give one value")
+    args.hot_ratio = None if args.hot_ratio is None else args.hot_ratio[0]
     if args.summary is not None:
         summary = json.loads(args.summary.read_text())
     else:

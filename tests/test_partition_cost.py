@@ -16,11 +16,15 @@ from neutronorch.data.partition import assign, write_partition
 from neutronorch.data.partition_files import load_partition
 from neutronorch.errors import ConfigError
 from neutronorch.nn.models import GNN
-from neutronorch.orchestration.partition_cost import (CostInputs, Degrees, batch_bytes, empty_batch_bytes,
+from neutronorch.orchestration.neutronorch.parts import OwnerHotSet
+from neutronorch.orchestration.neutronorch.planner import Planner
+from neutronorch.orchestration.partition_cost import (CostInputs, Degrees, empty_batch_bytes, epoch_seconds,
                                                       evaluation_bytes, frontier, machine_memory, of_partition,
-                                                      training_bytes)
+                                                      rank_batches, training_bytes)
+from neutronorch.orchestration.partition_cost_hot import neutronorch_bytes
 from neutronorch.orchestration.remote_rows import RemoteRows
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
+from neutronorch.sampling.exchange import Lane, ThreadExchange
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key
 from neutronorch.sampling.partitioned import PartitionedSampler
 from neutronorch.train.distributed import World
 from neutronorch.train.part_eval import PartEvaluation
@@ -45,14 +49,19 @@ def folders(graph, tmp_path_factory):
     return out
 
 
+def epoch_batches(folder, parts: int) -> list[np.ndarray]:
+    """The epoch's global batches (the training vertices shuffled, cut into batches of ``BATCH * parts``)."""
+    train = np.asarray(load_partition(folder, 0, verify=False).global_splits["train_idx"], np.int64)
+    order = np.random.default_rng(3).permutation(train)
+    return [order[i:i + BATCH * parts] for i in range(0, order.shape[0], BATCH * parts)]
+
+
 def epoch_shares(folder, parts: int, dealing: str) -> list[list[np.ndarray]]:
     """Per rank, its seeds of each global batch of one epoch (the training vertices shuffled, cut into batches
     of ``BATCH * parts``): split by position, or the seeds its part owns (as ``orchestration/seeds.py`` deals
     them)."""
     part_of = np.asarray(load_partition(folder, 0, verify=False).part_of)
-    train = np.asarray(load_partition(folder, 0, verify=False).global_splits["train_idx"], np.int64)
-    order = np.random.default_rng(3).permutation(train)
-    batches = [order[i:i + BATCH * parts] for i in range(0, order.shape[0], BATCH * parts)]
+    batches = epoch_batches(folder, parts)
     if dealing == "position":
         return [[np.array_split(batch, parts)[r] for batch in batches] for r in range(parts)]
     return [[batch[part_of[batch] == r] for batch in batches] for r in range(parts)]
@@ -140,11 +149,82 @@ def toy(**options) -> CostInputs:
     return CostInputs(**{**values, **options})
 
 
-def test_a_hot_share_replaces_the_last_hops_draws_and_rows_with_hidden_rows():
-    cold, hot = batch_bytes(toy(), 0, 100), batch_bytes(toy(hot=0.5), 0, 100)
-    bottom = frontier(toy(), 0, 100)[-2]
-    assert hot["hot"] == pytest.approx(bottom["remote"] * 0.5 * 16 * 4)
-    assert hot["rows"] < cold["rows"] and hot["sampling"] < cold["sampling"] and cold["hot"] == 0
+def test_neutronorch_at_ratio_0_costs_exact_modes_bytes_and_the_lanes_agreements():
+    """Nothing hot: the cold sampler draws and fetches what exact mode does; what is added is each lane unit's
+    agreement (a byte to every other rank), per super-batch the host's sizes, seed count and version, and each
+    lane's last agreement."""
+    for inputs in (toy(), toy(ranks=2, fanouts=(5, 5, 5))):
+        exact, none = training_bytes(inputs, 0), neutronorch_bytes(replace(inputs, hot_ratio=0.0), 0)
+        batches = sum(count for seeds, count in rank_batches(inputs, 0))
+        super_batches = -(-batches // inputs.super_batch)
+        others = inputs.ranks - 1
+        units = batches * (len(inputs.fanouts) + 1) + super_batches * 3 + 3
+        assert none["gradient"] == none["hot"] == none["computed"] == 0
+        assert none["total"] == pytest.approx(exact["total"] + others * (units + super_batches * (8 + 16 + 8)))
+
+
+def test_a_higher_hot_ratio_moves_cold_bytes_to_the_host():
+    got = [neutronorch_bytes(toy(hot_ratio=ratio), 0) for ratio in (0.0, 0.2, 0.5, 1.0)]
+    assert all(a["cold"] > b["cold"] for a, b in zip(got, got[1:]))
+    assert all(a["host"] < b["host"] and a["gradient"] < b["gradient"] for a, b in zip(got, got[1:]))
+    assert all(a["reuse_rate"] < b["reuse_rate"] for a, b in zip(got, got[1:]))
+    assert got[0]["plan"] == got[-1]["plan"]  # the upper hops are sampled whatever is hot
+    # The hot set is the ratio's share of the distinct destinations; at ratio 1 all but the seeds.
+    assert got[1]["hot"] == pytest.approx(0.2 * got[1]["reached"])
+    assert 0.8 * got[-1]["reached"] < got[-1]["hot"] < got[-1]["reached"]
+    # A hot row moves hidden floats: in bfloat16 the host's rows back cost half.
+    half = neutronorch_bytes(toy(hot_ratio=0.5, hot_row_bytes=2), 0)
+    assert half["host"] < got[2]["host"] and half["cold"] == got[2]["cold"]
+
+
+SUPER_BATCH = 4
+
+
+@pytest.mark.parametrize("ratio", [0.25, 0.6])
+@pytest.mark.parametrize("method,parts", [("random", 2), ("metis", 4)])
+def test_neutronorchs_lanes_move_the_models_bytes(graph, folders, method, parts, ratio):
+    """The lanes of NeutronOrch mode on the parts, each over an exchange of its own, as the planner, the cold
+    sampler, the host and the trainer use them (their collectives in one thread per rank): an epoch's bytes
+    per lane are the model's."""
+    folder = folders[method, parts]
+    shares, batches = epoch_shares(folder, parts, "owner"), epoch_batches(folder, parts)
+    groups = [ThreadExchange.group(parts, timeout=60) for _ in range(3)]
+    hidden, key = 16, lambda index: batch_key(5, 0, index)  # noqa: E731
+
+    def rank(r, gradients):
+        part = load_partition(folder, r, verify=False)
+        lanes = {name: Lane(group[r], name) for name, group in zip(("plan", "cold", "host"), groups)}
+        upper, cold = PartitionedSampler(part, lanes["plan"], FANOUTS), PartitionedSampler(part, lanes["cold"], FANOUTS)
+        own, rows, hot_rows = PartitionedSampler(part, None, FANOUTS), RemoteRows(part, lanes["cold"]), RemoteRows(
+            part, lanes["host"])
+        owner, planner = OwnerHotSet(part, lanes["host"], gradients, lambda t: t), Planner(graph, FANOUTS[-1])
+        for first in range(0, len(shares[r]), SUPER_BATCH):
+            indices = range(first, min(first + SUPER_BATCH, len(shares[r])))
+            uppers = [(i, key(i), upper.sample(shares[r][i], key(i), FANOUTS[:-1])) for i in indices]
+            plan = planner.plan(first, 0, uppers, ratio, fresh=[batches[i] for i in indices])
+            for item in plan.batches:
+                dst = item.upper.frontiers[0].numpy()[item.cold_pos]
+                _, frontier = cold.sample_hop(dst, FANOUTS[-1], layer_key(item.key, len(FANOUTS) - 1))
+                rows.fetch(frontier.numpy(), labelled=shares[r][item.index].shape[0])
+            asks = owner.exchange(plan.hot)
+            _, frontier = own.sample_hop(asks.computed, FANOUTS[-1], layer_key(plan.batches[0].key, len(FANOUTS) - 1))
+            hot_rows.fetch(frontier.numpy())
+            owner.assemble(torch.zeros((asks.computed.shape[0], hidden)), asks, plan.hot.shape[0], 0)
+            owner.gradient_by_type({None: torch.zeros((plan.hot.shape[0], hidden))}, asks, {}, hidden)
+        for lane in lanes.values():
+            lane.finish()
+        return {**{name: lane.traffic() for name, lane in lanes.items()}, "gradient": gradients.traffic()}
+
+    measured = run_threads(rank, parts)
+    inputs = of_partition(folder, FANOUTS, BATCH, hidden=hidden, hot_ratio=ratio, super_batch=SUPER_BATCH)
+    for r, lanes in enumerate(measured):
+        model = neutronorch_bytes(inputs, r)
+        total = sum(lane["sent_bytes"] for lane in lanes.values())
+        assert abs(total / model["total"] - 1) < TOLERANCE, (r, lanes, model)
+        assert lanes["plan"]["sent_bytes"] == pytest.approx(model["plan"], rel=TOLERANCE)
+        # The gradient lane carries a rank's few remote hot rows (about 100 in an epoch of 4 ranks at 0.25).
+        for lane, within in (("cold", 0.15), ("host", 0.15), ("gradient", 0.25)):
+            assert abs(lanes[lane]["sent_bytes"] / model[lane] - 1) < within, (r, lane, lanes, model)
 
 
 def test_owner_dealing_moves_fewer_bytes_the_smaller_the_cut():
@@ -163,7 +243,18 @@ def test_a_machines_memory_counts_its_part_and_the_whole_graphs_maps():
     assert memory["total"] == pytest.approx(sum(v for k, v in memory.items() if k != "total"))
 
 
-@pytest.mark.parametrize("bad", [dict(dealing="rank"), dict(hot=1.5), dict(cut=-0.1), dict(batch_size=0)])
+@pytest.mark.parametrize("bad", [dict(dealing="rank"), dict(hot_ratio=1.5), dict(cut=-0.1), dict(batch_size=0),
+                                 dict(super_batch=0)])
 def test_inputs_out_of_range_are_refused_saying_what_to_give(bad):
     with pytest.raises(ConfigError, match="give"):
         toy(**bad)
+
+
+def test_exact_modes_model_refuses_a_hot_ratio_saying_where_neutronorchs_is():
+    with pytest.raises(ConfigError, match="neutronorch_bytes"):
+        training_bytes(toy(hot_ratio=0.2), 0)
+    with pytest.raises(ConfigError, match="neutronorch_bytes"):
+        epoch_seconds(toy(hot_ratio=0.2), 10.0)
+    hot = toy(hot_ratio=0.2)
+    assert epoch_seconds(hot, 10.0, train=neutronorch_bytes(hot, 0))["train_network"] < epoch_seconds(toy(), 10.0)[
+        "train_network"]

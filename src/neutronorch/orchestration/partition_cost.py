@@ -9,10 +9,9 @@ which the ones it already drew at earlier hops, and the one it was reached from,
 land on a vertex with probability in proportion to its out-degree, so among d draws a vertex of out-degree o
 outside the frontier joins it with probability 1 - exp(-d o / (sum of out-degrees)). A draw from a vertex of
 this rank's part lands on another part with probability ``cut`` (the part's cut in-edges over its in-edges); a
-draw from another part's vertex lands here with probability cut / (K - 1). A ``hot`` share of the bottom
-layer's frontier (a NeutronOrch plan across parts, not built) takes a row of ``hidden`` floats from its owner
-instead of its last hop's draws and their feature rows. The model's bytes are expected values: a rank sends what
-it receives, up to the parts' imbalance."""
+draw from another part's vertex lands here with probability cut / (K - 1). NeutronOrch mode's bytes (hot rows
+computed by their owners) are ``partition_cost_hot.py``'s. The model's bytes are expected values: a rank sends
+what it receives, up to the parts' imbalance."""
 
 from __future__ import annotations
 
@@ -64,8 +63,9 @@ class CostInputs:
     training vertices, validation and test vertices (else an equal share). ``batch_size``: seeds per rank and
     batch; ``dealing``: how a global batch of ``batch_size * ranks`` seeds is dealt to the ranks
     (``orchestration/seeds.py``): ``owner`` (each rank trains the seeds its part owns, as a partitioned run
-    deals them) or ``position`` (split by position, as a full-copy run deals them). ``hot``: the share of the
-    bottom layer's frontier a NeutronOrch plan across parts would serve (a prediction of a feature not built)."""
+    deals them) or ``position`` (split by position, as a full-copy run deals them). ``hot_ratio``: None for
+    exact mode, else NeutronOrch mode at that hot ratio (``partition_cost_hot.py``), with super-batches of
+    ``super_batch`` mini-batches and hot rows of ``hot_row_bytes`` a float (4: float32, 2: bfloat16)."""
 
     nodes: int
     edges: int
@@ -82,7 +82,9 @@ class CostInputs:
     label_bytes: int = 8
     eval_batch_size: int = 4096
     dealing: str = "owner"
-    hot: float = 0.0
+    hot_ratio: float | None = None
+    super_batch: int = 8
+    hot_row_bytes: int = 4
     degrees: Degrees | None = None
     part_cut: tuple[float, ...] | None = None
     part_nodes: tuple[int, ...] | None = None
@@ -93,8 +95,10 @@ class CostInputs:
     def __post_init__(self):
         if self.dealing not in DEALINGS:
             raise ConfigError(f"dealing {self.dealing!r}: give one of {', '.join(DEALINGS)}")
-        if not 0 <= self.hot <= 1 or not 0 <= self.cut <= 1:
-            raise ConfigError(f"hot {self.hot} and cut {self.cut} are fractions: give values in [0, 1]")
+        if not 0 <= (self.hot_ratio or 0) <= 1 or not 0 <= self.cut <= 1:
+            raise ConfigError(f"hot ratio {self.hot_ratio} and cut {self.cut} are fractions: give values in [0, 1]")
+        if self.super_batch < 1:
+            raise ConfigError(f"super-batch {self.super_batch}: give at least one mini-batch")
         if self.ranks < 1 or self.batch_size < 1 or not self.fanouts:
             raise ConfigError(f"ranks {self.ranks}, batch size {self.batch_size}, fanouts {self.fanouts}: give at "
                               f"least one rank, a batch of at least one seed and one fanout")
@@ -109,44 +113,76 @@ class CostInputs:
         return self.cut if whole is None else whole / self.ranks
 
 
+class Walk:
+    """A batch's frontier of ``seeds`` on rank ``rank`` as its hops add to it (``frontier``): per class and per
+    cohort (the hop a vertex joined at, cohort 0 the seeds), the share of this rank's vertices (``own``) and of
+    other ranks' (``remote``) in the frontier, and per cohort the share of its in-edges drawn already."""
+
+    def __init__(self, inputs: CostInputs, rank: int, seeds: float):
+        deg = inputs.degrees or Degrees.uniform(inputs.nodes, inputs.edges, inputs.train)
+        k, share = inputs.ranks, inputs.share("nodes", rank) / inputs.nodes
+        self.deg, self.cut_here = deg, inputs.share("cut", rank)
+        self.cut_in = inputs.cut / (k - 1) if k > 1 else 0.0  # of another part's draws, the share landing here
+        self.own_pool, self.remote_pool = deg.count * share, deg.count * (1 - share)
+        seed_rate = np.divide(deg.train, deg.count, out=np.zeros_like(deg.count), where=deg.count > 0)
+        if inputs.dealing == "position":
+            self.own, self.remote = [seed_rate * seeds / inputs.train], [seed_rate * seeds / inputs.train]
+        else:
+            self.own = [seed_rate * seeds / max(1.0, inputs.share("train", rank))]
+            self.remote = [np.zeros_like(deg.count)]
+        self.covered = [np.zeros_like(deg.count)]  # per cohort: the share of its in-edges it has drawn
+        self.in_deg = np.maximum(deg.in_deg, 1.0)
+        self.draws_into: list[tuple[float, float]] = []
+
+    def draws(self, fanout: int) -> np.ndarray:
+        return self.deg.in_deg if fanout < 0 else np.minimum(self.deg.in_deg, fanout)
+
+    def summary(self, draws: np.ndarray | None) -> dict:
+        """The frontier's expected vertices of this rank and of others, and the draws of the remote ones."""
+        own_now, remote_now = sum(self.own), sum(self.remote)
+        remote_draws = 0.0 if draws is None else float((remote_now * self.remote_pool * draws).sum())
+        return {"own": float((own_now * self.own_pool).sum()), "remote": float((remote_now * self.remote_pool).sum()),
+                "remote_draws": remote_draws}
+
+    def landing(self, draws: np.ndarray, keep_own=None, keep_remote=None) -> tuple[np.ndarray, np.ndarray]:
+        """Per class, the chance that a vertex of this rank's part and of another's is hit by the fresh draws of
+        the frontier's vertices (of each cohort's only the share ``keep_own[i]``, ``keep_remote[i]`` drawing)."""
+        keep_own = keep_own or [1.0] * len(self.own)
+        keep_remote = keep_remote or [1.0] * len(self.remote)
+        fresh = [draws * (1 - c) for c in self.covered]
+        d_own = sum(float((a * s * self.own_pool * f).sum()) for a, s, f in zip(self.own, keep_own, fresh))
+        d_remote = sum(float((z * s * self.remote_pool * f).sum()) for z, s, f in zip(self.remote, keep_remote, fresh))
+        land_own = d_own * (1 - self.cut_here) + d_remote * self.cut_in
+        land_remote = d_own * self.cut_here + d_remote * (1 - self.cut_in)
+        self.landed = (land_own, land_remote)
+        return (-np.expm1(-land_own * landing_weights(self.deg.out_deg, self.own_pool)),
+                -np.expm1(-land_remote * landing_weights(self.deg.out_deg, self.remote_pool)))
+
+    def advance(self, draws: np.ndarray) -> None:
+        """One hop: every frontier vertex draws ``draws`` (per class) of its in-neighbours."""
+        hit_own, hit_remote = self.landing(draws)
+        own_now, remote_now = sum(self.own), sum(self.remote)
+        self.own.append((1 - own_now) * hit_own)
+        self.remote.append((1 - remote_now) * hit_remote)
+        self.draws_into.append(self.landed)  # the fresh draws landing in each pool, of which the new cohort came
+        self.covered = [1 - (1 - c) * (1 - draws / self.in_deg) for c in self.covered] + [
+            np.minimum(1.0, 1 / self.in_deg)]
+
+
 def frontier(inputs: CostInputs, rank: int, seeds: float) -> list[dict]:
     """Per hop of a batch of ``seeds`` on rank ``rank``: the frontier's expected vertices this rank owns and
     other ranks own (``own``, ``remote``), the draws of its remote vertices (``remote_draws``), and after the
-    last hop the input frontier; the hot share thins the last hop's draws."""
-    deg = inputs.degrees or Degrees.uniform(inputs.nodes, inputs.edges, inputs.train)
-    k, share = inputs.ranks, inputs.share("nodes", rank) / inputs.nodes
-    cut_here = inputs.share("cut", rank)
-    cut_in = inputs.cut / (k - 1) if k > 1 else 0.0  # of another part's draws, the share that lands here
-    own_pool, remote_pool = deg.count * share, deg.count * (1 - share)
-    seed_rate = np.divide(deg.train, deg.count, out=np.zeros_like(deg.count), where=deg.count > 0)
-    if inputs.dealing == "position":
-        own, remote = [seed_rate * seeds / inputs.train], [seed_rate * seeds / inputs.train]
-    else:
-        own, remote = [seed_rate * seeds / max(1.0, inputs.share("train", rank))], [np.zeros_like(deg.count)]
-    covered = [np.zeros_like(deg.count)]  # per cohort: the share of a vertex's in-edges it has drawn already
-    in_deg = np.maximum(deg.in_deg, 1.0)
-    hops = []
-    for hop, fanout in enumerate(inputs.fanouts):
-        draws = deg.in_deg if fanout < 0 else np.minimum(deg.in_deg, fanout)
-        if hop == len(inputs.fanouts) - 1:
-            draws = draws * (1 - inputs.hot)
-        own_now, remote_now = sum(own), sum(remote)
-        hops.append({"own": float((own_now * own_pool).sum()), "remote": float((remote_now * remote_pool).sum()),
-                     "remote_draws": float((remote_now * remote_pool * draws).sum())})
-        fresh = [draws * (1 - c) for c in covered]
-        d_own = sum(float((a * own_pool * f).sum()) for a, f in zip(own, fresh))
-        d_remote = sum(float((z * remote_pool * f).sum()) for z, f in zip(remote, fresh))
-        land_own = d_own * (1 - cut_here) + d_remote * cut_in
-        land_remote = d_own * cut_here + d_remote * (1 - cut_in)
-        own.append((1 - own_now) * -np.expm1(-land_own * _weights(deg.out_deg, own_pool)))
-        remote.append((1 - remote_now) * -np.expm1(-land_remote * _weights(deg.out_deg, remote_pool)))
-        covered = [1 - (1 - c) * (1 - draws / in_deg) for c in covered] + [np.minimum(1.0, 1 / in_deg)]
-    hops.append({"own": float((sum(own) * own_pool).sum()), "remote": float((sum(remote) * remote_pool).sum()),
-                 "remote_draws": 0.0})
+    last hop the input frontier."""
+    walk, hops = Walk(inputs, rank, seeds), []
+    for fanout in inputs.fanouts:
+        draws = walk.draws(fanout)
+        hops.append(walk.summary(draws))
+        walk.advance(draws)
+    hops.append(walk.summary(None))
     return hops
 
 
-def _weights(out_deg: np.ndarray, pool: np.ndarray) -> np.ndarray:
+def landing_weights(out_deg: np.ndarray, pool: np.ndarray) -> np.ndarray:
     """Per class, the chance one draw into ``pool`` lands on a given vertex of the class (by out-degree)."""
     total = float((out_deg * pool).sum())
     return out_deg / total if total > 0 else np.zeros_like(out_deg)
@@ -154,8 +190,8 @@ def _weights(out_deg: np.ndarray, pool: np.ndarray) -> np.ndarray:
 
 def batch_bytes(inputs: CostInputs, rank: int, seeds: float) -> dict[str, float]:
     """The bytes rank ``rank`` receives (and, in expectation, sends) in one batch of ``seeds``, by what they
-    carry: ``sampling`` (the ids asked, the counts, the neighbours, the announced sizes), ``rows`` (the ids asked
-    and their count of seeds, the sizes, the feature rows, the seeds' labels) and ``hot`` (hot rows)."""
+    carry: ``sampling`` (the ids asked, the counts, the neighbours, the announced sizes) and ``rows`` (the ids
+    asked and their count of seeds, the sizes, the feature rows, the seeds' labels), in exact mode."""
     k = inputs.ranks
     others = k - 1
     hops = frontier(inputs, rank, seeds)
@@ -163,13 +199,11 @@ def batch_bytes(inputs: CostInputs, rank: int, seeds: float) -> dict[str, float]
     for hop in hops[:-1]:
         sampling += hop["remote"] * (ID_BYTES + COUNT_BYTES) + hop["remote_draws"] * inputs.neighbour_bytes
         sampling += SIZE_BYTES * others
-    last, bottom = hops[-1], hops[-2]
-    hot = bottom["remote"] * inputs.hot * inputs.hidden * FLOAT_BYTES
-    sampling -= bottom["remote"] * inputs.hot * COUNT_BYTES  # a hot vertex is asked for its row, not its draws
+    last = hops[-1]
     remote_seeds = hops[0]["remote"]
     rows = (last["remote"] * (ID_BYTES + inputs.feature_dim * inputs.feature_bytes) + remote_seeds * inputs.label_bytes
             + 2 * SIZE_BYTES * others)  # a count of seeds to each rank, and the request's sizes
-    return {"sampling": sampling, "rows": rows, "hot": hot, "input_rows": last["own"] + last["remote"]}
+    return {"sampling": sampling, "rows": rows, "input_rows": last["own"] + last["remote"]}
 
 
 def rank_batches(inputs: CostInputs, rank: int) -> list[tuple[float, int]]:
@@ -187,8 +221,12 @@ def rank_batches(inputs: CostInputs, rank: int) -> list[tuple[float, int]]:
 
 
 def training_bytes(inputs: CostInputs, rank: int) -> dict[str, float]:
-    """An epoch's training bytes of rank ``rank``, by what they carry (``batch_bytes``), and their ``total``."""
-    out = {"sampling": 0.0, "rows": 0.0, "hot": 0.0}
+    """An epoch's training bytes of rank ``rank`` in exact mode, by what they carry (``batch_bytes``), and their
+    ``total``. NeutronOrch mode's (``hot_ratio`` given) are ``partition_cost_hot.neutronorch_bytes``'s."""
+    if inputs.hot_ratio is not None:
+        raise ConfigError(f"hot ratio {inputs.hot_ratio}: this is exact mode's model; NeutronOrch mode's bytes are "
+                          f"partition_cost_hot.neutronorch_bytes's. Give hot_ratio None here, or call that.")
+    out = {"sampling": 0.0, "rows": 0.0}
     for seeds, count in rank_batches(inputs, rank):
         if count <= 0:
             continue
@@ -202,7 +240,7 @@ def training_bytes(inputs: CostInputs, rank: int) -> dict[str, float]:
 def empty_batch_bytes(inputs: CostInputs) -> dict[str, float]:
     """A batch in which this rank has no seeds still takes part in every exchange: the sizes and seed counts."""
     others = inputs.ranks - 1
-    return {"sampling": SIZE_BYTES * others * len(inputs.fanouts), "rows": 2 * SIZE_BYTES * others, "hot": 0.0}
+    return {"sampling": SIZE_BYTES * others * len(inputs.fanouts), "rows": 2 * SIZE_BYTES * others}
 
 
 def distinct_remote(inputs: CostInputs, rank: int, in_edges: float) -> float:
@@ -212,7 +250,7 @@ def distinct_remote(inputs: CostInputs, rank: int, in_edges: float) -> float:
     deg = inputs.degrees or Degrees.uniform(inputs.nodes, inputs.edges, inputs.train)
     pool = deg.count * (1 - inputs.share("nodes", rank) / inputs.nodes)
     landing = in_edges * inputs.share("cut", rank)
-    return float((pool * -np.expm1(-landing * _weights(deg.out_deg, pool))).sum())
+    return float((pool * -np.expm1(-landing * landing_weights(deg.out_deg, pool))).sum())
 
 
 def evaluation_bytes(inputs: CostInputs, rank: int) -> dict[str, float]:
@@ -287,18 +325,24 @@ def machine_memory(inputs: CostInputs, layers_kept: int = 2) -> dict[str, float]
 
 
 def epoch_seconds(inputs: CostInputs, network_gbit: float, disk_gb: float | None = None,
-                  page_bytes: int = 4096) -> dict[str, float]:
+                  page_bytes: int = 4096, train: dict | None = None) -> dict[str, float]:
     """Seconds rank 0's bytes take in an epoch and its evaluation: at ``network_gbit`` Gbit/s each way (a rank
     sends what it receives, at once), and, with ``disk_gb``, the feature rows read from a disk of that many
     GB/s (the features not in memory: every input row a batch reads, its own and those it serves, and every
-    row of the part once in evaluation's first layer, each row at least a ``page_bytes`` read)."""
-    train, evaluation = training_bytes(inputs, 0), evaluation_bytes(inputs, 0)
+    row of the part once in evaluation's first layer, each row at least a ``page_bytes`` read). ``train``: rank
+    0's training bytes of NeutronOrch mode (``partition_cost_hot.neutronorch_bytes``, whose ``input_rows`` are
+    the cold batches' and those its hot rows read); default exact mode's."""
+    if inputs.hot_ratio is not None and train is None:
+        raise ConfigError(f"hot ratio {inputs.hot_ratio}: give NeutronOrch mode's training bytes as `train` "
+                          f"(partition_cost_hot.neutronorch_bytes(inputs, 0))")
+    train, evaluation = train or training_bytes(inputs, 0), evaluation_bytes(inputs, 0)
     per_second = network_gbit * 1e9 / 8
     out = {"train_network": train["total"] / per_second, "eval_network": evaluation["total"] / per_second}
     if disk_gb:
         row = max(page_bytes, inputs.feature_dim * inputs.feature_bytes)
-        rows = sum(batch_bytes(inputs, 0, seeds)["input_rows"] * count
-                   for seeds, count in rank_batches(inputs, 0) if seeds > 0)
+        rows = train["input_rows"] if inputs.hot_ratio is not None else sum(
+            batch_bytes(inputs, 0, seeds)["input_rows"] * count
+            for seeds, count in rank_batches(inputs, 0) if seeds > 0)
         part = inputs.share("nodes", 0)
         out["train_disk"] = rows * row / (disk_gb * 1e9)
         out["eval_disk"] = (part + evaluation["first_layer_rows"]) * row / (disk_gb * 1e9)
