@@ -498,6 +498,10 @@ def test_the_epoch_line_shows_evaluation_and_checkpoint_time_beside_training_tim
                                                 "time 35.00s + eval 8.25s + checkpoint 0.30s")
     del record["eval_seconds"], record["checkpoint_seconds"], record["val_acc"]
     assert epoch_line(record).endswith("| time 35.00s | [forward 1.00]")
+    record["exchange"] = [{"sent_bytes": 318_234_100}, {"sent_bytes": 1_321_092_552}]  # a partitioned run's ranks
+    assert epoch_line(record, stages=False).endswith("| time 35.00s | sent 318.2-1,321.1 MB a rank")
+    record["exchange"] = [{"sent_bytes": 35_437}, {"sent_bytes": 31_777}]  # a small graph's: in kB
+    assert epoch_line(record, stages=False).endswith("| sent 31.8-35.4 kB a rank")
 
 
 def test_training_reports_its_running_loss_and_the_evaluations_progress(graph):

@@ -218,13 +218,18 @@ def train_epoch(run, epoch: int, window: TimelineWindow) -> dict:
 
 def epoch_line(record: dict, stages: bool = True, metric: str = "accuracy") -> str:
     """The epoch's log line: loss, scores, training time and, when they ran, the evaluation's and the
-    checkpoints' times (the epoch's wall time is their sum); a collapse when one was found
-    (``train/health.py``); with ``stages``, seconds per stage."""
+    checkpoints' times (the epoch's wall time is their sum); a partitioned run's bytes sent by its ranks (the
+    least and the most); a collapse when one was found (``train/health.py``); with ``stages``, seconds per
+    stage."""
     parts = [f"epoch {record['epoch']:3d}", f"loss {record['train_loss']:.4f}"]
     if "val_acc" in record:
         parts += [f"val {metric} {record['val_acc']:.4f}", f"test {record['test_acc']:.4f}"]
     times = (("time", "seconds"), ("eval", "eval_seconds"), ("checkpoint", "checkpoint_seconds"))
     parts.append(" + ".join(f"{name} {record[key]:.2f}s" for name, key in times if key in record))
+    if record.get("exchange"):  # every rank's, in rank 0's record (train/part_exchange.py)
+        sent = [rank["sent_bytes"] for rank in record["exchange"]]
+        unit, scale = ("MB", 1e6) if max(sent) >= 1e5 else ("kB", 1e3)
+        parts.append(f"sent {min(sent) / scale:,.1f}-{max(sent) / scale:,.1f} {unit} a rank")
     if record.get("collapsed"):  # train/health.py
         parts.append("collapsed: " + "; ".join(record["collapsed"]))
     if stages:
