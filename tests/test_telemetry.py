@@ -649,3 +649,12 @@ def test_the_timeline_window_is_the_first_epoch_after_the_mode_s_warm_up():
     assert LoadingMode.warm_epochs == 1
     assert [TimelineWindow(True, epochs, 40, 2).epoch for epochs in (1, 2, 3, 10)] == [0, 1, 2, 2]
     assert [TimelineWindow(True, epochs, 40, 1).epoch for epochs in (1, 2, 10)] == [0, 1, 1]
+
+
+def test_the_closing_line_gives_every_ranks_peak_memory_as_a_range():
+    from neutronorch.observe.report import peak_summary
+
+    assert peak_summary({"peak_rss_mb": 708.1, "distributed": None}) == "peak RSS 708 MB"
+    ranks = {"peak_rss_mb": 708.1, "distributed": {"peak_rss_mb_per_rank": [708.1, 733.3, 696.6, 693.5]}}
+    assert peak_summary(ranks) == "peak RSS 694-733 MB a rank"
+    assert peak_summary({"distributed": {"peak_rss_mb_per_rank": [396.2, 395.8]}}) == "peak RSS 396 MB a rank"

@@ -110,7 +110,7 @@ def _outputs(config: TrainConfig, run_name, save, config_file: list, rank: int |
 
 
 def _train(config: TrainConfig, folder, rank: int | None, words: list[str] | None = None) -> int:
-    from neutronorch.observe.report import reuse_summary
+    from neutronorch.observe.report import peak_summary, reuse_summary
     from neutronorch.train.trainer import train
 
     bar = ProgressBar() if config.progress and not rank else None
@@ -154,7 +154,7 @@ def _train(config: TrainConfig, folder, rank: int | None, words: list[str] | Non
               if summary["test_acc"] is not None else "not evaluated, ")
     reuse = reuse_summary(summary)
     lines = [f"{summary['dataset']['name']}: mode {summary['mode']}, model {config.model}, {scores}epoch time median "
-             f"{summary['epoch_seconds_median']:.2f}s, peak RSS {summary['peak_rss_mb']:.0f} MB"
+             f"{summary['epoch_seconds_median']:.2f}s, {peak_summary(summary)}"
              + (f"; {reuse}" if reuse else "") if summary["epochs"] else "no epochs run"]
     if config.curves and Path(config.curves).is_file():
         lines.append(f"training curves in {config.curves}")

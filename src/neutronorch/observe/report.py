@@ -64,6 +64,16 @@ def reuse_line(record: dict) -> str | None:
     return text
 
 
+def peak_summary(summary: dict) -> str:
+    """The run's peak resident memory: one process's, or, data parallel, the least and the most of the ranks'
+    (their parts, or their shares of the work, differ)."""
+    ranks = (summary.get("distributed") or {}).get("peak_rss_mb_per_rank") or []
+    low, high = (f"{min(ranks):.0f}", f"{max(ranks):.0f}") if len(ranks) > 1 else (None, None)
+    if low is not None:
+        return f"peak RSS {low if low == high else f'{low}-{high}'} MB a rank"
+    return f"peak RSS {summary['peak_rss_mb']:.0f} MB"
+
+
 def reuse_summary(summary: dict) -> str | None:
     """A NeutronOrch run's reuse in a few words for its last line; None for another mode's run."""
     epochs = [e for e in summary.get("epochs", []) if "hot_ratio" in e]
