@@ -15,6 +15,7 @@ gradient rows. Every rank takes part in each, the same number of times, nothing 
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from neutronorch.bfloat16 import tensor_from_numpy
+from neutronorch.errors import TrainingError
 from neutronorch.orchestration.neutronorch.mode import PROBE_KEY, HomogeneousKind
 from neutronorch.orchestration.neutronorch.planner import PROBE_ROWS, Planner
 from neutronorch.orchestration.remote_rows import RemoteRows
@@ -144,11 +146,13 @@ class PartKind(HomogeneousKind):
 
     @contextlib.contextmanager
     def leaving(self, lane: str):
-        """As the thread of ``lane`` leaves, done or stopped early, it tells the other ranks' (``Lane``)."""
+        """As the thread of ``lane`` leaves, done or stopped early, it tells the other ranks' (``Lane``). Where
+        that fails, another rank is gone, and the trainer's collectives say so: the thread leaves quietly."""
         try:
             yield
         finally:
-            self.lanes[lane].finish()
+            with contextlib.suppress(TrainingError, threading.BrokenBarrierError):
+                self.lanes[lane].finish()
 
     def plan_sampler(self):
         return self.samplers("plan")
