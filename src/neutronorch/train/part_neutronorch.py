@@ -71,7 +71,7 @@ def build_mode(config: TrainConfig, part, graph, world: World, access, loader, s
              "host": Lane(host, "the exchange of hot rows")}
     loader = PartitionedLoader(loader.access, RemoteRows(part, lanes["cold"]), loader.spans, loader.dtype)
 
-    def samplers(lane: str) -> PartitionedSampler:
+    def samplers(lane: str) -> PartitionedSampler:  # "own": the host's, of its part's vertices, exchanging nothing
         return PartitionedSampler(part, lanes.get(lane), sampling.fanouts, degrees)
 
     # The planner counts the bottom-hop edges a hot vertex spares by its in-degree in the whole graph.
