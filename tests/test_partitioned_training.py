@@ -342,33 +342,49 @@ class _GatheringWorld(_ThreadWorld):
         pass
 
 
-@pytest.mark.parametrize("metric", ["mrr", "rocauc"])
-def test_link_metrics_across_parts_are_the_whole_graphs(tmp_path, metric):
+@pytest.mark.parametrize("negatives, metric", [("drawn", "mrr"), ("drawn", "rocauc"), ("shared", "hits@20")])
+def test_link_metrics_across_parts_are_the_whole_graphs(tmp_path, negatives, metric):
+    import dataclasses  # noqa: PLC0415
+    from neutronorch.data.partition_links import split_for_partition  # noqa: PLC0415
     from neutronorch.nn.link import LinkModel  # noqa: PLC0415
-    from neutronorch.train.link_task import LinkTask, evaluate_links  # noqa: PLC0415
+    from neutronorch.train.link_task import LinkTask, eval_sets, evaluate_links, named_vertices  # noqa: PLC0415
     from neutronorch.train.part_links import PartLinkEvaluation  # noqa: PLC0415
     from neutronorch.train.partitioned import PartGraph  # noqa: PLC0415
-    link = link_graph(load_dataset(GRAPH), neutronorch.TrainConfig(dataset=GRAPH, task="link"))
-    folder, ranks = _link_partition(tmp_path / "p", 3), 3
+    link, ranks = link_graph(load_dataset(GRAPH), neutronorch.TrainConfig(dataset=GRAPH, task="link")), 3
+    if negatives == "shared":  # stored negative pairs, shared by every positive (OGB's kind), dealt in shares too
+        pairs = np.random.default_rng(0).integers(0, link.num_nodes, (2, 300)).astype(np.int64)
+        stored = dataclasses.replace(link.links, val_neg=pairs, test_neg=pairs[:, ::-1].copy(), negatives="shared",
+                                     metric="hits@20", issues=None, checked=None)
+        link = split_for_partition(dataclasses.replace(link, links=stored), None, 0, GRAPH)
+        folder = tmp_path / "p"
+        write_partition(link, assign(link, ranks, "random", 0), ranks, folder, "random", 0, GRAPH)
+    else:
+        folder = _link_partition(tmp_path / "p", ranks)
     torch.manual_seed(0)
     model = LinkModel(GNN("sage", link.feature_dim, 12, 12, 2), "dot").eval()
     task = LinkTask(model, metric)
     expected = evaluate_links(model, link, FeatureStore(link.features, link.labels), torch.device("cpu"), 300, 0,
                               20, task)
+    named = named_vertices(eval_sets(link.links, 0, 20, (0, link.num_nodes)), link.num_nodes).shape[0]
     shared = {"slots": [None] * ranks, "barrier": threading.Barrier(ranks, timeout=60)}
 
     def rank(r, exchange):
         part = load_partition(folder, r, verify=False)
         run = types.SimpleNamespace(config=neutronorch.TrainConfig(eval_batch_size=200 + 70 * r, eval_negatives=20),
                                     model=model, device=torch.device("cpu"), graph=PartGraph.of(part), task=task)
-        return PartLinkEvaluation(part, exchange, _GatheringWorld(r, shared)).evaluate(run, EvaluationCheck(1))
+        evaluation, fetched = PartLinkEvaluation(part, exchange, _GatheringWorld(r, shared)), []
+        fetch = evaluation.fetcher.fetch
+        evaluation.fetcher.fetch = lambda ids, **kw: fetched.append(len(ids)) or fetch(ids, **kw)
+        return evaluation.evaluate(run, EvaluationCheck(1)), fetched[-1]  # the rows its shares name, once
 
     got = run_threads(rank, ranks)
-    assert got[0] == got[1] == got[2]  # every rank scores every pair from the same rows
-    assert got[0].keys() == expected.keys()
+    assert got[0][0] == got[1][0] == got[2][0]  # every rank reports the same metrics
+    assert got[0][0].keys() == expected.keys()
     # The same rows up to the order of float32 sums in the layers' matrix products (chunks differ by rank).
     for key, value in expected.items():
-        assert got[0][key] == pytest.approx(value, abs=1e-6), key
+        assert got[0][0][key] == pytest.approx(value, abs=1e-6), key
+    if negatives == "shared":  # each rank holds the rows its share of the pairs names, not every named vertex's
+        assert all(rows < 0.6 * named for _, rows in got), ([rows for _, rows in got], named)  # about half here
 
 
 def test_dealing_by_a_partition_of_another_graph_or_part_count_is_refused(graph, tmp_path):

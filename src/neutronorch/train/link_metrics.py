@@ -145,7 +145,7 @@ class PerPositiveScores(_Metrics):
     def __init__(self, positive, pooled: bool = False):
         self.positive = _positive(positive)
         self.ordered = np.sort(self.positive)
-        self._ranks = np.empty(self.positive.shape[0], np.float64)
+        self._ranks = np.zeros(self.positive.shape[0], np.float64)  # rows not given stay 0 (``combined``)
         self.rows = self.above = self.tied = self.negatives = self.tied_rows = self.tied_pairs = 0
         self.negatives_per_positive = None
         # ``pooled``: per positive, the negatives of every row scored at least as high (``average_precision``).
@@ -211,6 +211,21 @@ class PerPositiveScores(_Metrics):
     def tie_share(self) -> float:
         """The share of (positive, own negative) pairs scored exactly alike (0 without pairs)."""
         return self.tied_pairs / max(1, self.negatives)
+
+    def combined(self, total) -> "PerPositiveScores":
+        """These scores with other parts' rows in: each part of the work scored every positive but added only
+        its own rows (the others' ranks left 0); ``total(array)`` sums a float64 array over the parts. The
+        counts are integers, so the metrics are those of one ``PerPositiveScores`` given every row."""
+        counts = [self.above, self.tied, self.rows, self.negatives, self.tied_rows, self.tied_pairs]
+        pooled = () if self._pooled_at_least is None else (self._pooled_at_least,)
+        state = total(np.concatenate([np.asarray(counts, np.float64), self._ranks, *pooled]))
+        (self.above, self.tied, self.rows, self.negatives, self.tied_rows, self.tied_pairs) = (
+            int(v) for v in state[:6])
+        count = self.positive.shape[0]
+        self._ranks = state[6:6 + count]
+        if pooled:
+            self._pooled_at_least = state[6 + count:].astype(np.int64)
+        return self
 
     def ranks(self) -> np.ndarray:
         """``SharedScores.ranks``, every positive's row given."""

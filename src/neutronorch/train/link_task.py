@@ -215,14 +215,8 @@ def evaluate_links(model: LinkModel, graph: Graph | TypedGraph, inputs, device: 
         destinations, num_nodes = (0, graph.num_nodes), graph.num_nodes
         embedded = lambda nodes: last_layer_rows(model.encoder, graph, inputs, nodes, device,  # noqa: E731
                                                  batch_size, scratch=scratch, progress=progress, world=world)
-    sets = {name: _EvalSet(links, name, mix_key(seed, 0x4556_414C + offset), eval_negatives, destinations)
-            for offset, name in enumerate(("val", "test"))}
-    named = torch.zeros(num_nodes, dtype=torch.bool)  # the vertices the pairs name, a chunk at a time
-    for pairs in sets.values():
-        named[pairs.positives.reshape(-1)] = True
-        for _, chunk in pairs.negatives(SCORE_CHUNK):
-            named[chunk.reshape(-1)] = True
-    nodes = named.nonzero().reshape(-1)
+    sets = eval_sets(links, seed, eval_negatives, destinations)
+    nodes = named_vertices(sets, num_nodes)
     out: dict[str, float] = {}
     with embedded(nodes) as embeddings:
         model.eval()
@@ -233,12 +227,35 @@ def evaluate_links(model: LinkModel, graph: Graph | TypedGraph, inputs, device: 
         for name, pairs in sets.items():
             scores = _scores(model, row, pairs, lambda bad, total, what: check.nonfinite(
                 bad, total, SPLIT_NAMES[name], "scores", what))
-            check.collapsed(link_collapse(scores))
-            out.update({name: scores.score(task.metric), f"{name}_mrr": scores.mrr()})
-            for k in REPORTED_HITS:  # a positive among fewer negatives than K is always a hit: not reported
-                if k < scores.negatives_per_positive:
-                    out[f"{name}_hits_{k}"] = scores.hits_at_k(k)
-            out[f"{name}_rocauc"] = scores.roc_auc()
+            out.update(set_metrics(name, scores, task.metric, check))
+    return out
+
+
+def eval_sets(links, seed: int, eval_negatives: int, destinations: tuple[int, int]) -> dict[str, "_EvalSet"]:
+    """The validation and test sets of ``links``, each with its negatives (drawn from ``seed``'s keys)."""
+    return {name: _EvalSet(links, name, mix_key(seed, 0x4556_414C + offset), eval_negatives, destinations)
+            for offset, name in enumerate(("val", "test"))}
+
+
+def named_vertices(sets: dict[str, "_EvalSet"], num_nodes: int) -> torch.Tensor:
+    """The vertices the sets' pairs name, ascending (read a chunk at a time)."""
+    named = torch.zeros(num_nodes, dtype=torch.bool)
+    for pairs in sets.values():
+        named[pairs.positives.reshape(-1)] = True
+        for _, chunk in pairs.negatives(SCORE_CHUNK):
+            named[chunk.reshape(-1)] = True
+    return named.nonzero().reshape(-1)
+
+
+def set_metrics(name: str, scores, metric: str, check: EvaluationCheck) -> dict[str, float]:
+    """A set's reported metrics from its scores (``SharedScores`` or ``PerPositiveScores``), after the collapse
+    check."""
+    check.collapsed(link_collapse(scores))
+    out = {name: scores.score(metric), f"{name}_mrr": scores.mrr()}
+    for k in REPORTED_HITS:  # a positive among fewer negatives than K is always a hit: not reported
+        if k < scores.negatives_per_positive:
+            out[f"{name}_hits_{k}"] = scores.hits_at_k(k)
+    out[f"{name}_rocauc"] = scores.roc_auc()
     return out
 
 
@@ -289,10 +306,10 @@ def _scores(model: LinkModel, row, pairs: _EvalSet, nonfinite) -> SharedScores |
     and N floats); per-positive negatives scored and reduced ``SCORE_CHUNK`` pairs at a time. ``nonfinite(bad,
     total, rows)`` is told how many rows of scores held NaN or infinities (one ``isfinite`` per chunk)."""
     positives = pairs.positives
-    positive = _pair_scores(model, row, positives)
+    positive = pair_scores(model, row, positives)
     nonfinite(nonfinite_rows(positive), positive.shape[0], "positive pairs")
     if pairs.kind == SHARED:
-        negative = _pair_scores(model, row, pairs.stored)
+        negative = pair_scores(model, row, pairs.stored)
         nonfinite(nonfinite_rows(negative), negative.shape[0], "negative pairs")
         return SharedScores(positive, negative)
     scores, bad = PerPositiveScores(positive), 0
@@ -305,7 +322,7 @@ def _scores(model: LinkModel, row, pairs: _EvalSet, nonfinite) -> SharedScores |
     return scores
 
 
-def _pair_scores(model: LinkModel, row, pairs) -> torch.Tensor:
+def pair_scores(model: LinkModel, row, pairs) -> torch.Tensor:
     """The (P,) float32 scores of (2, P) pairs, ``SCORE_CHUNK`` at a time."""
     count = pairs.shape[1]
     out = torch.empty(count)

@@ -2,12 +2,10 @@
 training"): the folder's link split (``data/partition_links.py``), the model a full-copy run makes (its first
 layer started from the whole graph's input statistics the manifest holds), the seed edges dealt by the owner
 of their source (``LinkSeeds`` with ``owner``), and the evaluation: every layer computed across the parts
-(``PartEvaluation``) for the vertices the validation and test pairs name, their rows gathered on every rank,
-which scores every pair as the full-copy run does (``evaluate_links``)."""
+(``PartEvaluation``) for the vertices the validation and test pairs name, each rank scoring a share of the pairs
+from the rows its share names, and the metrics those of all the scores in one place (``evaluate_links``')."""
 
 from __future__ import annotations
-
-import contextlib
 
 import numpy as np
 import torch
@@ -17,7 +15,10 @@ from neutronorch.data.partition_files import is_partition_dir, read_manifest
 from neutronorch.data.partition_links import input_statistics
 from neutronorch.errors import ConfigError
 from neutronorch.nn.link import LinkModel
-from neutronorch.train.link_task import evaluate_links
+from neutronorch.data.links import SHARED
+from neutronorch.train.health import SPLIT_NAMES, nonfinite_rows
+from neutronorch.train.link_metrics import PerPositiveScores, SharedScores
+from neutronorch.train.link_task import SCORE_CHUNK, eval_sets, named_vertices, pair_scores, set_metrics
 from neutronorch.train.part_eval import PartEvaluation
 
 
@@ -45,26 +46,103 @@ def link_model(config: TrainConfig, encoder: torch.nn.Module, manifest: dict) ->
 
 
 class PartLinkEvaluation(PartEvaluation):
-    """``PartEvaluation`` of a link task: the metrics of ``evaluate_links`` from rows computed across the parts."""
+    """``PartEvaluation`` of a link task: ``evaluate_links``' metrics, each rank scoring a share of the pairs.
+
+    Every rank computes the encoder's rows of the named vertices it owns (the layers across the parts), into a
+    table of its part's rows. Each rank then takes a contiguous share of each set's positives (and of shared
+    negative pairs), fetches the rows its shares name from their owners (one fetch), and scores them; the
+    positives' scores are gathered, and per-positive negatives' counts and ranks summed (``combined``), so every
+    rank reports the metrics one process would, holding only its share's rows."""
 
     def evaluate(self, run, check, progress=None) -> dict[str, float]:
-        config = run.config
-        self.prepare(run.model)
-        embedded = lambda nodes: contextlib.nullcontext(  # noqa: E731
-            self.rows(run.model.encoder, nodes.numpy(), run.device, config.eval_batch_size, progress))
-        return evaluate_links(run.model, run.graph, None, run.device, config.eval_batch_size, config.seed,
-                              config.eval_negatives, run.task, progress=progress, check=check, embedded=embedded)
-
-    def rows(self, encoder, nodes: np.ndarray, device: torch.device, chunk_size: int, progress) -> torch.Tensor:
-        """The last layer's rows of ``nodes`` (every rank the same ids), in their order, on every rank: each
-        rank computes those it owns, and the rows are gathered (a collective)."""
-        part, world = self.part, self.world
-        positions = np.flatnonzero(np.asarray(part.part_of[nodes]) == part.part)
-        rows = self.logits(encoder, np.ascontiguousarray(nodes[positions]), device, chunk_size, progress)
-        positions = torch.from_numpy(positions)
-        if world.distributed:
-            positions = torch.cat(world.all_gather_rows(positions, "gathering the evaluation's positions"))
-            rows = torch.cat(world.all_gather_rows(rows.contiguous(), "gathering the evaluation's embeddings"))
-        out = torch.empty((nodes.shape[0], rows.shape[1]))
-        out[positions] = rows
+        config, model, part = run.config, run.model, self.part
+        self.prepare(model)
+        model.eval()
+        sets = eval_sets(run.graph.links, config.seed, config.eval_negatives, (0, run.graph.num_nodes))
+        nodes = named_vertices(sets, run.graph.num_nodes).numpy()
+        owned = nodes[np.asarray(part.part_of[nodes]) == part.part]
+        rows = self.logits(model.encoder, np.ascontiguousarray(owned), run.device, config.eval_batch_size, progress)
+        table = np.zeros((part.ids.shape[0], rows.shape[1]), np.float32)
+        table[part.local(owned)] = rows.numpy()
+        shares = {name: self.share_of(pairs) for name, pairs in sets.items()}
+        # The rows every set's share names, fetched from their owners at once (the drawn negatives read twice,
+        # a chunk at a time: here for their ids, then to score them).
+        named = torch.zeros(run.graph.num_nodes, dtype=torch.bool)
+        for lo, positives, negatives in shares.values():
+            named[positives.reshape(-1)] = True
+            for _, chunk in negatives():
+                named[chunk.reshape(-1)] = True
+        ids = named.nonzero().reshape(-1)
+        del named
+        got = torch.from_numpy(self.fetcher.fetch(ids.numpy(), table=table)[0])
+        del table
+        row = lambda v: got[torch.searchsorted(ids, v)].to(run.device)  # noqa: E731
+        out: dict[str, float] = {}
+        with torch.no_grad():
+            for name, pairs in sets.items():
+                scores = self.scored(model, pairs, *shares[name], row, check, SPLIT_NAMES[name])
+                out.update(set_metrics(name, scores, run.task.metric, check))
         return out
+
+    def share_of(self, pairs) -> tuple[int, torch.Tensor, object]:
+        """This rank's share of a set: its first positive, its positives (2, p), and a function giving its
+        negatives a chunk at a time as (first row, chunk): its positives' (rows, K), or its share of shared
+        negative pairs (one chunk, (2, n))."""
+        lo, hi = share(pairs.positives.shape[1], self.part)
+        if pairs.kind == SHARED:
+            low, high = share(pairs.stored.shape[1], self.part)
+            stored = torch.from_numpy(np.array(pairs.stored[:, low:high], np.int64))
+            return lo, pairs.positives[:, lo:hi], lambda: iter([(0, stored)])
+        step = max(1, SCORE_CHUNK // max(1, pairs.per_positive))
+
+        def negatives():  # the draws' stream from its start (the same numbers whatever the chunks): the share's
+            for start, chunk in pairs.negatives(step):
+                if start < hi and start + chunk.shape[0] > lo:
+                    yield max(start, lo) - lo, chunk[max(0, lo - start):hi - start]
+        return lo, pairs.positives[:, lo:hi], negatives
+
+    def scored(self, model, pairs, lo: int, positives, negatives, row, check, split: str):
+        """The set's scores on every rank (``SharedScores`` or ``PerPositiveScores``), this rank scoring its
+        share (``share_of``; ``row(ids)``: their rows). Collectives: the gathers and the sums."""
+        count = pairs.positives.shape[1]
+        positive = pair_scores(model, row, positives)
+        bad = [nonfinite_rows(positive)]
+        positive = self.gathered(positive)
+        if pairs.kind == SHARED:
+            negative = pair_scores(model, row, next(negatives())[1])
+            bad.append(nonfinite_rows(negative))
+            scores = SharedScores(positive, self.gathered(negative))
+        else:
+            scores, bad_rows = PerPositiveScores(positive), 0
+            for at, chunk in negatives():
+                sources = row(positives[0, at:at + chunk.shape[0]]).unsqueeze(1)
+                negative = model.score(sources, row(chunk)).float().cpu()
+                bad_rows += nonfinite_rows(negative)
+                scores.add(lo + at, negative)
+            scores.negatives_per_positive = pairs.per_positive
+            bad.append(bad_rows)
+            scores = scores.combined(lambda state: self.summed(state)) if self.world.distributed else scores
+        bad = self.summed(np.asarray(bad, np.float64)) if self.world.distributed else bad
+        labels = ("positive pairs", "negative pairs" if pairs.kind == SHARED else "positives' negative pairs")
+        totals = (count, pairs.stored.shape[1] if pairs.kind == SHARED else count)
+        for n, total, label in zip(bad, totals, labels):  # rows of scores that held NaN or infinities
+            check.nonfinite(int(n), total, split, "scores", label)
+        return scores
+
+    def gathered(self, scores: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``scores``, in rank order (contiguous shares: the set's order)."""
+        if not self.world.distributed:
+            return scores
+        return torch.cat(self.world.all_gather_rows(scores.contiguous(), "gathering the link scores"))
+
+    def summed(self, state: np.ndarray) -> np.ndarray:
+        return self.world.all_reduce_(torch.from_numpy(state), "summing the link scores' counts").numpy()
+
+
+def share(count: int, part) -> tuple[int, int]:
+    """Part ``part.part``'s contiguous share of ``count`` items of ``part.parts`` shares (``torch.tensor_split``'s:
+    sizes differ by at most one)."""
+    rank, size = part.part, part.parts
+    base, extra = divmod(count, size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (rank < extra)
