@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from neutronorch.data import load_dataset
-from neutronorch.data.partition import assign, write_partition
 from neutronorch.data.partition_files import load_partition
 from neutronorch.errors import ConfigError
 from neutronorch.nn.models import GNN
@@ -28,7 +27,7 @@ from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, la
 from neutronorch.sampling.partitioned import PartitionedSampler
 from neutronorch.train.distributed import World
 from neutronorch.train.part_eval import PartEvaluation
-from test_partitioned_sampling import run_threads
+from test_partitioned_sampling import partition_folders, run_threads
 
 SPEC = "synthetic:nodes=20000,degree=8,features=8"
 FANOUTS, BATCH, TOLERANCE = [6, 4], 96, 0.08
@@ -41,12 +40,7 @@ def graph():
 
 @pytest.fixture(scope="module")
 def folders(graph, tmp_path_factory):
-    out = {}
-    for method, parts in (("random", 2), ("metis", 2), ("metis", 4)):
-        folder = tmp_path_factory.mktemp("parts") / f"{method}-{parts}"
-        write_partition(graph, assign(graph, parts, method, seed=0), parts, folder, method, 0, SPEC)
-        out[method, parts] = folder
-    return out
+    return partition_folders(graph, SPEC, (("random", 2), ("metis", 2), ("metis", 4)), 0, tmp_path_factory)
 
 
 def epoch_batches(folder, parts: int) -> list[np.ndarray]:

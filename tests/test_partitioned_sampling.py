@@ -31,15 +31,20 @@ def graph():
     return load_dataset(SPEC)
 
 
+def partition_folders(graph, spec: str, cases, seed: int, tmp_path_factory) -> dict:
+    """A partition folder of ``graph`` (read as ``spec``) per (method, parts) of ``cases``, by that key."""
+    out = {}
+    for method, parts in cases:
+        folder = tmp_path_factory.mktemp("parts") / f"{method}-{parts}"
+        write_partition(graph, assign(graph, parts, method, seed=seed), parts, folder, method, seed, spec)
+        out[method, parts] = folder
+    return out
+
+
 @pytest.fixture(scope="module")
 def folders(graph, tmp_path_factory):
-    out = {}
-    for method in ("random", "metis"):
-        for parts in (2, 4):
-            folder = tmp_path_factory.mktemp("parts") / f"{method}-{parts}"
-            write_partition(graph, assign(graph, parts, method, seed=1), parts, folder, method, 1, SPEC)
-            out[method, parts] = folder
-    return out
+    cases = [(method, parts) for method in ("random", "metis") for parts in (2, 4)]
+    return partition_folders(graph, SPEC, cases, 1, tmp_path_factory)
 
 
 def rank_batches(graph, parts: int, rank: int, batches: int = 3, size: int = 40) -> list[np.ndarray]:

@@ -68,8 +68,8 @@ def peak_summary(summary: dict) -> str:
     """The run's peak resident memory: one process's, or, data parallel, the least and the most of the ranks'
     (their parts, or their shares of the work, differ)."""
     ranks = (summary.get("distributed") or {}).get("peak_rss_mb_per_rank") or []
-    low, high = (f"{min(ranks):.0f}", f"{max(ranks):.0f}") if len(ranks) > 1 else (None, None)
-    if low is not None:
+    if len(ranks) > 1:
+        low, high = f"{min(ranks):.0f}", f"{max(ranks):.0f}"
         return f"peak RSS {low if low == high else f'{low}-{high}'} MB a rank"
     return f"peak RSS {summary['peak_rss_mb']:.0f} MB"
 

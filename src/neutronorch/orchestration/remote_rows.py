@@ -34,18 +34,18 @@ class RemoteRows:
         holds a row of for each of its vertices, by local index (default: the features); each rank passes
         its own, of one dtype and width on every rank. A collective: every rank calls it at the same time."""
         part, exchange = self.part, self.exchange
+        table = part.features if table is None else table
+        labels = part.labels
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        order, asks = by_owner(ids, part.part_of, part.parts)
+        owners = np.asarray(part.part_of[ids[:labelled]])
+        wanted = np.bincount(owners, minlength=part.parts) if labelled else np.zeros(part.parts, np.int64)
+        self.fetched += sum(a.shape[0] for k, a in enumerate(asks) if k != part.part)
+        me = part.part  # this rank's own rows are read here, never sent to itself
+        width, label_width = row_bytes(table), row_bytes(labels)
         with exchange.unit():  # one unit of a ``Lane``: no rank stops within it
-            table = part.features if table is None else table
-            labels = part.labels
-            ids = np.ascontiguousarray(ids, dtype=np.int64)
-            order, asks = by_owner(ids, part.part_of, part.parts)
-            owners = np.asarray(part.part_of[ids[:labelled]])
-            wanted = np.bincount(owners, minlength=part.parts) if labelled else np.zeros(part.parts, np.int64)
-            self.fetched += sum(a.shape[0] for k, a in enumerate(asks) if k != part.part)
-            me = part.part  # this rank's own rows are read here, never sent to itself
             requests = exchange.all_to_all([np.concatenate([[wanted[k]], asks[k]]).astype(np.int64) if k != me
                                             else np.zeros(1, np.int64) for k in range(part.parts)])
-            width, label_width = row_bytes(table), row_bytes(labels)
             # Each asker's rows, then its labels, gathered straight into one buffer of the reply's bytes.
             asked = [request.reshape(-1) for request in requests]
             rows = [part.local(request[1:]) if request.shape[0] > 1 else np.zeros(0, np.int64) for request in asked]
@@ -61,22 +61,22 @@ class RemoteRows:
                 at += m * label_width
             got, got_sizes = exchange.swap_packed(send, sizes, [a.shape[0] * width + int(m) * label_width if k != me
                                                                else 0 for k, (a, m) in enumerate(zip(asks, wanted))])
-            out = np.empty((ids.shape[0], *table.shape[1:]), table.dtype)
-            out_labels = np.empty((labelled, *labels.shape[1:]), labels.dtype)
-            at, start = 0, 0
-            for k, size in enumerate(got_sizes):
-                n, m = asks[k].shape[0], int(wanted[k])
-                positions = order[at:at + n]
-                if k == me:
-                    own = np.asarray(part.local_index[asks[k]], dtype=np.int64)  # by_owner found them this part's
-                    out[positions] = table[own]
-                    out_labels[positions[:m]] = labels[own[:m]]
-                else:
-                    out[positions] = got[start:start + n * width].view(table.dtype).reshape((n, *table.shape[1:]))
-                    out_labels[positions[:m]] = got[start + n * width:start + size].view(labels.dtype).reshape(
-                        (m, *labels.shape[1:]))
-                at, start = at + n, start + size
-            return out, out_labels
+        out = np.empty((ids.shape[0], *table.shape[1:]), table.dtype)
+        out_labels = np.empty((labelled, *labels.shape[1:]), labels.dtype)
+        at, start = 0, 0
+        for k, size in enumerate(got_sizes):
+            n, m = asks[k].shape[0], int(wanted[k])
+            positions = order[at:at + n]
+            if k == me:
+                own = np.asarray(part.local_index[asks[k]], dtype=np.int64)  # by_owner found them this part's
+                out[positions] = table[own]
+                out_labels[positions[:m]] = labels[own[:m]]
+            else:
+                out[positions] = got[start:start + n * width].view(table.dtype).reshape((n, *table.shape[1:]))
+                out_labels[positions[:m]] = got[start + n * width:start + size].view(labels.dtype).reshape(
+                    (m, *labels.shape[1:]))
+            at, start = at + n, start + size
+        return out, out_labels
 
 
 class PartitionedLoader:

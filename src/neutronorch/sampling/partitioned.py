@@ -111,24 +111,24 @@ class PartitionedSampler(OneThread, Sampler):
         part, exchange = self.part, self.exchange
         if exchange is None:
             return self.serve(dst, fanout, key)
+        order, asks = by_owner(dst, part.part_of, part.parts)
+        self.asked += sum(a.shape[0] for k, a in enumerate(asks) if k != part.part)
         with exchange.unit():  # one unit of a ``Lane``: no rank stops within it
-            order, asks = by_owner(dst, part.part_of, part.parts)
-            self.asked += sum(a.shape[0] for k, a in enumerate(asks) if k != part.part)
             asked = [a.reshape(-1) for a in exchange.all_to_all(asks)]
-            self.served += sum(a.shape[0] for k, a in enumerate(asked) if k != part.part)
             drawn = [self.serve(ids, fanout, key) for ids in asked]
             counts = exchange.all_to_all([np.diff(p).astype(np.int32) for p, _ in drawn],
                                          [a.shape[0] for a in asks])
-            grouped_counts = np.concatenate([c.reshape(-1) for c in counts]).astype(np.int64)
             nbrs = exchange.all_to_all([n for _, n in drawn], [int(c.sum()) for c in counts])
-            grouped_ptr = np.zeros(dst.shape[0] + 1, np.int64)
-            np.cumsum(grouped_counts, out=grouped_ptr[1:])
-            ptr = np.zeros(dst.shape[0] + 1, np.int64)
-            in_order = np.empty(dst.shape[0], np.int64)
-            in_order[order] = grouped_counts
-            np.cumsum(in_order, out=ptr[1:])
-            grouped = np.concatenate([n.reshape(-1) for n in nbrs]) if nbrs else np.zeros(0, self.indices.dtype)
-            return ptr, in_frontier_order(order, grouped_ptr, grouped.astype(self.indices.dtype, copy=False), ptr)
+        self.served += sum(a.shape[0] for k, a in enumerate(asked) if k != part.part)
+        grouped_counts = np.concatenate([c.reshape(-1) for c in counts]).astype(np.int64)
+        grouped_ptr = np.zeros(dst.shape[0] + 1, np.int64)
+        np.cumsum(grouped_counts, out=grouped_ptr[1:])
+        ptr = np.zeros(dst.shape[0] + 1, np.int64)
+        in_order = np.empty(dst.shape[0], np.int64)
+        in_order[order] = grouped_counts
+        np.cumsum(in_order, out=ptr[1:])
+        grouped = np.concatenate([n.reshape(-1) for n in nbrs]) if nbrs else np.zeros(0, self.indices.dtype)
+        return ptr, in_frontier_order(order, grouped_ptr, grouped.astype(self.indices.dtype, copy=False), ptr)
 
     def serve(self, ids: np.ndarray, fanout: int, key: int) -> tuple[np.ndarray, np.ndarray]:
         """The draws of ``ids`` (this part's vertices) as the whole graph's sampler makes them: (ptr, nbrs)."""

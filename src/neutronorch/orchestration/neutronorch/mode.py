@@ -57,6 +57,10 @@ PROBE_KEY = 0x9E37  # mixed into the run's seed for the drift probe's fixed samp
 
 
 class Kind:
+    def plan_sampler(self):
+        """The planner's sampler of the upper hops (made on its thread): the host's, unless a kind has its own."""
+        return self.host_sampler()
+
     def leaving(self, lane: str):
         """What the thread of ``lane`` ("plan", "cold", "host") does as it leaves (``parts.PartKind``'s)."""
         return contextlib.nullcontext()
@@ -76,10 +80,6 @@ class HomogeneousKind(Kind):
         self.reader = DeviceReader(graph, access, spans, sampling) if access.placement.topology != "host" else None
         self.loader = HostLoader(access, spans) if self.reader is None else None
         self.plans_on_device = self.reader is not None
-
-    def plan_sampler(self):
-        """The planner's sampler of the upper hops (made on its thread)."""
-        return self.host_sampler()
 
     def cold_sampler(self):
         """The cold sampler's (made on its thread): over the reader's topology with ``plans_on_device``."""
@@ -139,9 +139,6 @@ class TypedKind(Kind):
         self.loader = HostLoader(access, spans)  # its ``TypedInputs``
         self.plans_on_device = on_device
         self.needs = Channel("needs")  # the ids of the table rows each super-batch's hot rows read
-
-    def plan_sampler(self):
-        return self.host_sampler()
 
     def cold_sampler(self):
         """The cold sampler's (made on its thread): on the training device with ``plans_on_device``."""
