@@ -190,22 +190,15 @@ class TypedHops:
         """After the last hop (or a failed one), ``frontier`` the last reached."""
 
 
-class TypedNeighborSampler(OneThread, TypedHops):
-    """Host sampler over a typed graph's relations (numpy arrays or memory maps); ``fanouts`` as
-    ``typed_fanouts`` reads them, resolved per relation in ``self.fanouts``. Each type's ids are in
-    ``TypedBlock.src_ids``, the relation blocks' ``src_ids`` None. ``degrees``: each relation block carries
-    its source rows' out-degrees through the relation (float32). ``edge_ids`` (None: the relations with edge
-    features) and ``edge_features``: docs/heterogeneous.md, "Sampling"; edge features not one row per edge
-    raise ``DataError`` naming the relation.
+class HostFrontiers(OneThread):
+    """The host side of a typed sampler's frontiers, shared by ``TypedNeighborSampler`` and the sampler of a
+    typed graph's parts (``partitioned_typed.py``): ids as int64 tensors, a vertex -> position map per type
+    (8 bytes a vertex, made by ``_make_maps``), each source type's draws relabelled into its frontier. Not
+    thread-safe: one thread at a time."""
 
-    Not thread-safe: one instance per sampling thread (a vertex -> position map per type, 8 bytes a vertex).
-    """
-
-    def __init__(self, graph: TypedGraph, fanouts, degrees: bool = False, edge_ids=None,
-                 edge_features: bool = True):
-        super().__init__(graph, fanouts, degrees, edge_ids, edge_features)
-        self._maps = {t: np.full(n, -1, dtype=np.int64) for t, n in graph.num_nodes.items()}
-        self._scratch = {t: RelabelScratch(n) for t, n in graph.num_nodes.items()}
+    def _make_maps(self, num_nodes: dict[str, int]) -> None:
+        self._maps = {t: np.full(n, -1, dtype=np.int64) for t, n in num_nodes.items()}
+        self._scratch = {t: RelabelScratch(n) for t, n in num_nodes.items()}
 
     def _ids(self, ids) -> torch.Tensor:
         return torch.from_numpy(NeighborSampler._ids(ids))
@@ -219,17 +212,6 @@ class TypedNeighborSampler(OneThread, TypedHops):
         for t, ids in frontier.items():  # exactly the frontiers' vertices are in the maps
             kernels.reset_map(ids.numpy(), self._maps[t])
 
-    def _draw(self, calls: dict[RelationType, tuple]) -> dict[RelationType, tuple[torch.Tensor, ...]]:
-        """Each relation's (ptr, sampled source ids[, edge positions]) for its ``(destinations, fanout, key)``;
-        the edge positions for the relations in ``self.edge_ids``."""
-        drawn = {}
-        for relation, (dst, fanout, key) in calls.items():
-            csc = self.graph.relations[relation]
-            kernel = kernels.sample_neighbor_edges if relation in self.edge_ids else kernels.sample_neighbors
-            drawn[relation] = tuple(map(torch.from_numpy, kernel(csc.indptr, csc.indices, dst.numpy(), fanout,
-                                                                 np.uint64(key), kernels.NO_ORDER)))
-        return drawn
-
     def _relabel(self, parts: dict[str, list[torch.Tensor]], frontier: dict[str, torch.Tensor]
                  ) -> dict[str, list[torch.Tensor]]:
         """Per source type, its relations' sampled sources as positions in its frontier, which grows (in
@@ -241,6 +223,34 @@ class TypedNeighborSampler(OneThread, TypedHops):
                                            self._scratch[node_type])
             local[node_type], frontier[node_type] = list(map(torch.from_numpy, positions)), torch.from_numpy(grown)
         return local
+
+
+class TypedNeighborSampler(HostFrontiers, TypedHops):
+    """Host sampler over a typed graph's relations (numpy arrays or memory maps); ``fanouts`` as
+    ``typed_fanouts`` reads them, resolved per relation in ``self.fanouts``. Each type's ids are in
+    ``TypedBlock.src_ids``, the relation blocks' ``src_ids`` None. ``degrees``: each relation block carries
+    its source rows' out-degrees through the relation (float32). ``edge_ids`` (None: the relations with edge
+    features) and ``edge_features``: docs/heterogeneous.md, "Sampling"; edge features not one row per edge
+    raise ``DataError`` naming the relation.
+
+    Not thread-safe: one instance per sampling thread (a vertex -> position map per type, 8 bytes a vertex).
+    """
+
+    def __init__(self, graph: TypedGraph, fanouts, degrees: bool = False, edge_ids=None,
+                 edge_features: bool = True):
+        super().__init__(graph, fanouts, degrees, edge_ids, edge_features)
+        self._make_maps(graph.num_nodes)
+
+    def _draw(self, calls: dict[RelationType, tuple]) -> dict[RelationType, tuple[torch.Tensor, ...]]:
+        """Each relation's (ptr, sampled source ids[, edge positions]) for its ``(destinations, fanout, key)``;
+        the edge positions for the relations in ``self.edge_ids``."""
+        drawn = {}
+        for relation, (dst, fanout, key) in calls.items():
+            csc = self.graph.relations[relation]
+            kernel = kernels.sample_neighbor_edges if relation in self.edge_ids else kernels.sample_neighbors
+            drawn[relation] = tuple(map(torch.from_numpy, kernel(csc.indptr, csc.indices, dst.numpy(), fanout,
+                                                                 np.uint64(key), kernels.NO_ORDER)))
+        return drawn
 
     def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:
         return edge_rows(self.graph, edge_ids)
