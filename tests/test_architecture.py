@@ -9,7 +9,7 @@ from neutronorch.observe import StageTable
 from neutronorch.orchestration.loading import DeviceMode, ExactMode
 from neutronorch.orchestration.mode import Mode
 from neutronorch.orchestration.neutronorch import NeutronOrchMode
-from neutronorch.train.partitioned import PartitionedMode
+from neutronorch.train.part_mode import PartitionedMode
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "neutronorch"
 MODULES = sorted(p for p in SRC.rglob("*.py"))

@@ -201,7 +201,7 @@ def test_a_close_on_one_rank_before_the_other_leaves_no_producer_waiting_for_exc
     stage here, exchange once a batch: without aligning the close, rank 1's producer begins a batch rank 0's
     never begins and waits for it until the exchange's timeout."""
     from neutronorch.orchestration.pipeline import Prefetcher  # noqa: PLC0415
-    from neutronorch.train.partitioned import AlignedBatches, limited  # noqa: PLC0415
+    from neutronorch.train.part_mode import AlignedBatches, limited  # noqa: PLC0415
     timeout, depth = 4.0, 2
     exchanges = ThreadExchange.group(2, timeout=timeout)
     made, spent, errors = [[], []], [0.0, 0.0], []

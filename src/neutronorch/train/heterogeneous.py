@@ -6,6 +6,7 @@ what a resumed run may not change, the summary's typed keys.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,16 +63,19 @@ def check_own_model_config(config: TrainConfig) -> None:
 
 
 def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, user_model: torch.nn.Module | None,
-                options: TypedOptions, stack: contextlib.ExitStack) -> Built:
+                options: TypedOptions, stack: contextlib.ExitStack, samplers=None) -> Built:
     """A typed graph's part of ``build_run``: the graph with its reverse relations, its samplers, its model
     (``TypedGNN``, or ``user_model`` adapted by ``UserModel``), its tables (``plan_tables``: where they live,
-    checked; open while ``stack`` is) and optimizers."""
+    checked; open while ``stack`` is) and optimizers. ``samplers``: ``new(fanouts)``, which makes a sampler of
+    the graph as trained (a partitioned run's: ``graph`` then already holds its reverse relations)."""
     link = config.task == "link"  # a relation's edges (train/link_task.py's typed_link_graph)
     warnings = check_learnable(graph, not link)
-    graph = typed_link_graph(graph, config) if link else graph.with_reverse()
-    sampler = TypedNeighborSampler(graph, options.fanouts if options.fanouts is not None else config.fanouts)
+    if samplers is None:
+        graph = typed_link_graph(graph, config) if link else graph.with_reverse()
+        samplers = functools.partial(TypedNeighborSampler, graph)
+    sampler = samplers(options.fanouts if options.fanouts is not None else config.fanouts)
     eval_fanouts = sampler.fanouts if config.eval_fanouts is None else config.eval_fanouts
-    eval_sampler = TypedNeighborSampler(graph, eval_fanouts)
+    eval_sampler = samplers(eval_fanouts)
     if eval_sampler.num_layers != sampler.num_layers:
         raise ConfigError(f"`eval_fanouts` has {eval_sampler.num_layers} entries but the fanouts give "
                           f"{sampler.num_layers} layers; give one per layer.")

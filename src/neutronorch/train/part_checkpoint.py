@@ -16,21 +16,25 @@ from neutronorch.train.outputs import rank_file
 from neutronorch.train.table_files import sample_crc
 
 
-def attach_checkpoints(run, part, world: World) -> None:
+def attach_checkpoints(run, part, world: World, fingerprint: dict | None = None, kind: str = HOMOGENEOUS) -> None:
     """Make ``run`` (rank ``world.rank``'s, on ``part``) write checkpoints naming the partition and, with
-    ``resume``, continue from this rank's file once every rank has found its own fitting (a collective)."""
+    ``resume``, continue from this rank's file once every rank has found its own fitting (a collective).
+    ``fingerprint``: what identifies the rank's graph (default: the whole graph's sizes and split, as a
+    homogeneous part knows them); ``kind``: the checkpoint's (``checkpoint.TYPED`` for a typed graph's)."""
     graph, config = run.graph, run.config
     run.partition = {"id": part.manifest["id"], "part": part.part, "parts": part.parts}
     if config.checkpoint_dir:  # what a rank can say of the whole graph: its sizes, its split and the partition
-        run.fingerprint = {"name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges,
-                           "feature_dim": graph.feature_dim, "classes": graph.num_classes,
-                           "split_crc": sample_crc(graph.train_idx), "val_crc": sample_crc(graph.val_idx),
-                           "test_crc": sample_crc(graph.test_idx), "partition": part.manifest["id"]}
+        run.fingerprint = {**(fingerprint or {
+            "name": graph.name, "nodes": graph.num_nodes, "edges": graph.num_edges, "feature_dim": graph.feature_dim,
+            "classes": graph.num_classes, "split_crc": sample_crc(graph.train_idx),
+            "val_crc": sample_crc(graph.val_idx), "test_crc": sample_crc(graph.test_idx)}),
+            "partition": part.manifest["id"]}
     if config.resume:
-        run.resume(*agreed_state(Path(config.checkpoint_dir), run.partition, config.partitions, world))
+        run.resume(*agreed_state(Path(config.checkpoint_dir), run.partition, config.partitions, world, kind))
 
 
-def agreed_state(folder: Path, identity: dict, partitions: str, world: World) -> tuple[Path, dict]:
+def agreed_state(folder: Path, identity: dict, partitions: str, world: World, kind: str = HOMOGENEOUS
+                 ) -> tuple[Path, dict]:
     """This rank's checkpoint file and state, once every rank's is found present, of the partition and part
     ``identity`` names, and at the same position; else a ``CheckpointError``, the same on every rank, naming
     the first rank whose file does not fit and why."""
@@ -42,7 +46,7 @@ def agreed_state(folder: Path, identity: dict, partitions: str, world: World) ->
                        f"rank's file, each written by its rank into `checkpoint_dir` (last.pt by rank 0, "
                        f"last.rank-R.pt by rank R): put it back, or start a new run in another `checkpoint_dir`.")
         else:
-            state = load_state(path, HOMOGENEOUS)
+            state = load_state(path, kind)
             problem = misfit(state, identity, path, partitions)
     except CheckpointError as exc:
         problem = str(exc)

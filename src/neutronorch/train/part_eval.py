@@ -40,18 +40,14 @@ class PartEvaluation:
 
     def evaluate(self, run, check: EvaluationCheck, progress=None) -> dict[str, float]:
         """``Run.evaluate``'s scores ({"val": ..., "test": ...}) of a partitioned run."""
-        config, model, part, world = run.config, run.model, self.part, self.world
-        self.prepare(model)
+        config, part, world = run.config, self.part, self.world
+        self.prepare(run.model)
         val = eval_subset(part.global_splits["val_idx"], config.eval_max_nodes, config.seed)
         test = eval_subset(part.global_splits["test_idx"], config.eval_max_nodes, config.seed + 1)
         nodes = np.concatenate([val, test])
-        positions = np.flatnonzero(np.asarray(part.part_of[nodes]) == part.part)
-        if config.eval_fanouts is None:
-            logits = self.logits(model, nodes[positions], run.device, config.eval_batch_size, progress)
-        else:
-            logits = self.sampled(model, nodes, positions, config.eval_fanouts, run.device, config.eval_batch_size,
-                                  config.seed, progress)
-        labels = torch.from_numpy(np.asarray(part.labels[part.local(nodes[positions])], dtype=np.int64))
+        positions = np.flatnonzero(np.asarray(self.owners[nodes]) == part.part)
+        logits = self.share_logits(run, nodes, positions, progress)
+        labels = torch.from_numpy(np.asarray(self.labels_of(nodes[positions]), dtype=np.int64))
         positions = torch.from_numpy(positions)
         if world.distributed and run.task.counted:
             return self.counted(run.task, logits, labels, positions < val.shape[0], check)
@@ -63,6 +59,23 @@ class PartEvaluation:
         logits, labels, split = logits[order], labels[order], val.shape[0]
         return scored(run.task, {"val": (logits[:split], labels[:split]), "test": (logits[split:], labels[split:])},
                       check)
+
+    @property
+    def owners(self) -> np.ndarray:
+        """The owner part of every vertex that may be evaluated."""
+        return self.part.part_of
+
+    def labels_of(self, ids: np.ndarray) -> np.ndarray:
+        """The labels of ``ids``, vertices this part owns."""
+        return self.part.labels[self.part.local(ids)]
+
+    def share_logits(self, run, nodes: np.ndarray, positions: np.ndarray, progress=None) -> torch.Tensor:
+        """The logits of ``nodes[positions]``, this rank's share of the evaluated ``nodes`` (a collective)."""
+        config = run.config
+        if config.eval_fanouts is None:
+            return self.logits(run.model, nodes[positions], run.device, config.eval_batch_size, progress)
+        return self.sampled(run.model, nodes, positions, config.eval_fanouts, run.device, config.eval_batch_size,
+                            config.seed, progress)
 
     def prepare(self, model) -> None:
         """Before an evaluation, a node or a link task's: the heap's free pages handed back (the epoch's batches,

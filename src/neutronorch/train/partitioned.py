@@ -24,7 +24,8 @@ import torch
 from neutronorch.capabilities import PARTITIONED_MODES
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data.feature_norm import row_normalized
-from neutronorch.data.partition_files import load_partition
+from neutronorch.data.partition_files import is_partition_dir, load_partition, read_manifest
+from neutronorch.data.typed_parts import TypedPartition
 from neutronorch.errors import ConfigError
 from neutronorch.features.placement import Placement
 from neutronorch.features.store import FeatureStore
@@ -33,9 +34,6 @@ from neutronorch.nn.precision import precision_dtype
 from neutronorch.observe import Spans, Utilisation
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.factory import Threads
-from neutronorch.orchestration.host_loader import HOST_SAMPLING_STAGES
-from neutronorch.orchestration.loading import LoadingMode
-from neutronorch.orchestration.pipeline import Prefetcher
 from neutronorch.orchestration.remote_rows import PartitionedLoader, RemoteRows
 from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.seeds import NodeSeeds
@@ -47,8 +45,10 @@ from neutronorch.train.link_task import LinkTask, check_link_settings, check_nod
 from neutronorch.train.optim import Adam
 from neutronorch.train.part_checkpoint import attach_checkpoints
 from neutronorch.train.part_eval import PartEvaluation
-from neutronorch.train.part_exchange import GlooExchange, TrafficRecord
+from neutronorch.train.part_exchange import GlooExchange
+from neutronorch.train.part_mode import PartitionedMode
 from neutronorch.train.part_links import PartLinkEvaluation, check_task, link_model
+from neutronorch.train.part_typed import build_typed_part_run, check_typed_request
 from neutronorch.train.part_neutronorch import build_mode as build_neutronorch, check_request as check_neutronorch
 from neutronorch.train.run import Run
 from neutronorch.train.step import TRAINER_STAGES
@@ -79,6 +79,8 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
         raise ConfigError(f"`dataset` {config.dataset} and `partitions` {config.partitions}: the partition folder "
                           f"holds the graph it was made from; give one of them.")
     check_task(config)  # a link split's folder trains a link task, any other a node task
+    if typed_partition(config.partitions):
+        check_typed_request(config)
     if config.mode not in PARTITIONED_MODES:
         raise refuse(f"`mode` {config.mode}", "Give `mode` exact (or leave it out) or neutronorch.")
     CHECKS.get(config.mode, lambda _: None)(config)
@@ -92,6 +94,11 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
         raise refuse(", ".join(given) + " with `task` link", "Leave it out: a link task's evaluation embeds every "
                      "vertex its pairs name layer by layer, and its model starts from the manifest's statistics of "
                      "the rows as written.")
+
+
+def typed_partition(folder) -> bool:
+    """Whether ``folder`` is a typed graph's partition (a folder that is none is refused when it is loaded)."""
+    return is_partition_dir(folder) and read_manifest(folder).get("kind") == "typed"
 
 
 @dataclass
@@ -127,46 +134,19 @@ class PartGraph:
                    links=part.links, notes=list(graph["notes"]))
 
 
-class PartitionedMode(LoadingMode):
-    """Exact mode's placement on one part, beside ``ExactMode`` (a sibling: ``LoadingMode``'s producer thread
-    samples with the partitioned sampler, ``PartitionedLoader`` fetches the rows); its batches close aligned
-    across the ranks (``AlignedBatches``), and each epoch's record holds every rank's bytes exchanged (rank 0
-    gathers them)."""
-
-    name = "exact"
-    stages = HOST_SAMPLING_STAGES
-
-    def __init__(self, world: World, evaluation_exchange, seeds: NodeSeeds, new_sampler, loader: PartitionedLoader,
-                 sampling, spans: Spans, sampler_threads: int):
-        super().__init__(seeds, loader, sampling, spans)
-        self.new_sampler, self.threads = new_sampler, {"sampler": sampler_threads}
-        self.traffic = TrafficRecord(world, {"sampling": loader.fetcher.exchange}, evaluation_exchange)
-
-    def batches(self, epoch: int, start: int = 0) -> "AlignedBatches":
-        limit: dict = {}
-        produce = lambda: limited(self._produce(epoch, start), limit)  # noqa: E731
-        return AlignedBatches(Prefetcher(produce, depth=self.sampling.prefetch, name=f"{self.name}-producer",
-                                         threads=self.threads.get("sampler")), limit, max(1, self.sampling.prefetch))
-
-    def end_epoch(self, record: dict) -> None:
-        self.traffic.end_epoch(record)
-
-    def summary(self) -> dict:
-        return self.traffic.summary()
-
-    def describe(self) -> str:
-        return f"sampler threads {self.threads['sampler']}, partitioned"
-
-
 def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Threads, stack: contextlib.ExitStack,
-                          world: World, stop: threading.Event | None, gnn) -> Run:
+                          world: World, stop: threading.Event | None, gnn, options=None) -> Run:
     """``trainer.build_run`` for a partition folder: this rank's part, model (``gnn(config, feature_dim,
-    classes)``, made as a full-copy run makes it), optimizer and partitioned mode."""
+    classes)``, made as a full-copy run makes it; a typed graph's by ``part_typed.py``, with its
+    ``TypedOptions``), optimizer and partitioned mode."""
     t0 = time.perf_counter()
     part = load_partition(Path(config.partitions), world.rank, world_size=world.size)
-    graph, manifest = PartGraph.of(part), part.manifest
+    manifest = part.manifest
     config.dataset = manifest["source"]  # what the summary and logs name: the graph the parts were made from
     data_seconds = time.perf_counter() - t0
+    if isinstance(part, TypedPartition):
+        return build_typed_part_run(config, part, device, threads, stack, world, stop, data_seconds, options)
+    graph = PartGraph.of(part)
     logger.info(f"loaded part {part.part} of {part.parts} of {graph.name} ({manifest['method']} parts): "
                 f"{part.ids.shape[0]:,} of {graph.num_nodes:,} vertices, {part.indices.shape[0]:,} of "
                 f"{graph.num_edges:,} edges, in {data_seconds:.1f}s")
@@ -262,45 +242,3 @@ def on_every_rank(world: World, make, what: str):
         if theirs:
             raise ConfigError(f"rank {rank}: {theirs}" if world.distributed else theirs)
     return value
-
-
-def limited(items, limit: dict):
-    """``items`` until ``limit["count"]`` of them are yielded (no limit while it is unset): the next item is not
-    begun once the limit is reached."""
-    for count, item in enumerate(items, start=1):
-        yield item
-        if count >= limit.get("count", count + 1):
-            return
-
-
-class AlignedBatches:
-    """An epoch's batches whose early close (a stop agreed on at the same step on every rank) leaves every
-    rank's producer having made the same batches. A producer runs ahead by up to ``depth`` batches and may be
-    amid the exchanges of one more, and another rank's producer may be elsewhere: closed there, it would wait
-    for exchanges its peers never begin. So a close first sets every rank's limit to the batches taken plus
-    ``depth`` plus one, the most any producer can have begun, and takes the batches up to it (released
-    unused) before the producer is joined."""
-
-    def __init__(self, prefetcher: Prefetcher, limit: dict, depth: int):
-        self._prefetcher, self._limit, self._depth, self._taken = prefetcher, limit, depth, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        item = next(self._prefetcher)
-        self._taken += 1
-        return item
-
-    def close(self) -> None:
-        self._limit["count"] = self._taken + self._depth + 1
-        with contextlib.suppress(Exception):  # a producer's failure: it has stopped, nothing to align
-            for item in self._prefetcher:
-                item.release()
-        self._prefetcher.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()

@@ -46,7 +46,7 @@ from neutronorch.train.resources import (check_threading_layer, keep_freed_memor
 from neutronorch.train.checkpoint import HOMOGENEOUS, TYPED, dataset_fingerprint, load_state
 from neutronorch.train.distributed import GradientSync, World, joined, rank_device, rank_settings
 from neutronorch.train.outputs import check_checkpoint_space, check_outputs, console_copy
-from neutronorch.train.partitioned import build_partitioned_run, check_request as check_partitioned
+from neutronorch.train.partitioned import build_partitioned_run, check_request as check_partitioned, typed_partition
 from neutronorch.train.replacing import claim_outputs
 from neutronorch.train.run import Built, Run, summarised
 from neutronorch.train.step import TRAINER_STAGES
@@ -78,8 +78,8 @@ def train(config: TrainConfig, graph: Graph | TypedGraph | None = None, progress
     if options is not None and isinstance(graph, Graph):
         raise ConfigError("`options` (a TypedOptions) are a typed graph's settings, and this graph is homogeneous; "
                           "leave `options` out, or give a TypedGraph.")
-    typed = options is not None or isinstance(graph, TypedGraph) or (
-        graph is None and is_typed_dataset(config.dataset))
+    typed = options is not None or isinstance(graph, TypedGraph) or (graph is None and (
+        typed_partition(config.partitions) if config.partitions is not None else is_typed_dataset(config.dataset)))
     if typed and model is not None:
         check_own_model_config(config)  # before the graph is read
     check_run(config, TYPED if typed else HOMOGENEOUS)
@@ -126,7 +126,7 @@ def build_run(config: TrainConfig, graph: Graph | TypedGraph | None, device: tor
     initial weights go to every rank, the step's reduction is ``run.sync`` (a typed model's tables' sparse rows
     too) and the stop is agreed on by every rank."""
     if config.partitions is not None:  # rank r holds part r (train/partitioned.py)
-        return build_partitioned_run(config, device, threads, stack, world, stop, node_gnn)
+        return build_partitioned_run(config, device, threads, stack, world, stop, node_gnn, options)
     data_seconds, link = 0.0, config.task == "link"
     if user_model is not None and link:
         raise ConfigError("`task` link trains the built-in models as encoders (`model` sage, gcn or gat; rgcn or "

@@ -1,0 +1,234 @@
+"""``train --partitions DIR`` on a typed graph's partition (docs/distributed.md, "Typed graphs on parts"): rank r
+loads part r (``data/typed_parts.py``), trains the target's training vertices of each global batch that its part
+owns, sampled across the parts with the global batch's key (``sampling/partitioned_typed.py``), each featured
+type's input rows fetched from their owners (``TypedRemoteRows``). The relational model, its embedding tables
+(the featureless types', whole on every rank, their rows' gradients reduced as a full-copy run reduces them) and
+its optimizers are built as a full-copy typed run builds them (``heterogeneous.typed_model``). Evaluation samples
+the validation and test vertices as a full-copy typed run does, each rank its own (``PartTypedEvaluation``).
+The target's labels (8 bytes a target vertex) are gathered whole once, for the checks and the loss's constants
+a full-copy run makes from them; everything else a rank holds is its part's."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+
+import numpy as np
+import torch
+
+from neutronorch.capabilities import TYPED_PARTITIONED_MODES
+from neutronorch.config import TrainConfig, auto_batch_size
+from neutronorch.data.typed import TypedGraph
+from neutronorch.data.typed_parts import TypedPartition
+from neutronorch.errors import ConfigError
+from neutronorch.observe import Spans, Utilisation
+from neutronorch.orchestration.access import FeatureAccess
+from neutronorch.orchestration.batch import MiniBatch
+from neutronorch.orchestration.factory import Threads
+from neutronorch.orchestration.remote_rows import RemoteRows
+from neutronorch.orchestration.seeds import NodeSeeds
+from neutronorch.sampling.exchange import ThreadExchange
+from neutronorch.sampling.partitioned_typed import PartitionedTypedSampler
+from neutronorch.train.checkpoint import TYPED, dataset_fingerprint
+from neutronorch.train.distributed import GradientSync, World
+from neutronorch.train.evaluate import inference_key
+from neutronorch.train.health import Health
+from neutronorch.train.heterogeneous import TypedOptions, typed_model
+from neutronorch.train.part_checkpoint import attach_checkpoints
+from neutronorch.train.part_eval import PartEvaluation
+from neutronorch.train.part_exchange import GlooExchange
+from neutronorch.train.part_mode import PartitionedMode
+from neutronorch.train.run import Run
+from neutronorch.train.step import TRAINER_STAGES
+from neutronorch.train.summary import MetricLog
+from neutronorch.train.task import Task
+
+logger = logging.getLogger("neutronorch")
+
+
+class PartTypedGraph(TypedGraph):
+    """What a rank holding one part of a typed graph trains with as a ``TypedGraph``: the whole graph's types,
+    vertex counts, relations' names, target, split and labels, and its own part's relations (rows: its owned
+    destinations) and feature rows, which give the model its widths; ``num_edges`` is the whole graph's."""
+
+    whole_edges: int = 0
+
+    @property
+    def num_edges(self) -> int:
+        return self.whole_edges
+
+
+def part_graph(part: TypedPartition, labels: np.ndarray) -> PartTypedGraph:
+    """``part`` as the graph a rank trains with, ``labels`` the whole target's (``gathered_labels``)."""
+    splits = part.global_splits
+    features = {t: part.features[t] for t in part.node_types if part.feature_dims.get(t)}
+    graph = PartTypedGraph(part.name, dict(part.num_nodes), dict(part.relations), features, part.target, labels,
+                           splits["train_idx"], splits["val_idx"], splits["test_idx"], part.num_classes,
+                           list(part.notes), part.metric)
+    graph.whole_edges = int(part.manifest.get("graph", {}).get("num_edges", sum(
+        r.num_edges for r in part.relations.values())))
+    return graph
+
+
+def gathered_labels(part: TypedPartition, world: World) -> np.ndarray:
+    """The target's labels of the whole graph, each part's own gathered (a collective)."""
+    own = torch.from_numpy(np.ascontiguousarray(part.labels, dtype=np.int64))
+    parts = world.all_gather_rows(own, "gathering the target's labels") if world.distributed else [own]
+    labels = np.empty((part.num_nodes[part.target], *own.shape[1:]), dtype=np.int64)
+    owners = np.asarray(part.part_of[part.target])
+    for k, rows in enumerate(parts):
+        labels[np.flatnonzero(owners == k)] = rows.numpy()  # each part's vertices ascending: its local order
+    return labels
+
+
+class TypedRemoteRows:
+    """Each featured type's rows of a typed frontier, fetched from their owners (``RemoteRows`` of the type's
+    ``TypeView``, every featured type in the graph's order, every rank taking part even with no row to ask)."""
+
+    def __init__(self, part: TypedPartition, exchange):
+        self.part, self.exchange = part, exchange
+        self.fetchers = {t: RemoteRows(part.view(t), exchange) for t in part.node_types if part.feature_dims.get(t)}
+
+    @property
+    def fetched(self) -> int:
+        return sum(f.fetched for f in self.fetchers.values())
+
+    def rows(self, frontier: dict) -> dict[str, torch.Tensor]:
+        """float32 rows of every featured type's ids in ``frontier`` (a collective)."""
+        empty = torch.zeros(0, dtype=torch.int64)
+        out = {}
+        for t, fetcher in self.fetchers.items():
+            ids = frontier.get(t, empty)
+            rows, _ = fetcher.fetch(ids.numpy() if isinstance(ids, torch.Tensor) else ids)
+            if t in frontier:
+                out[t] = torch.from_numpy(np.asarray(rows, dtype=np.float32))
+        return out
+
+
+class TypedPartLoader:
+    """A typed mini-batch's rows fetched from their owners (``TypedRemoteRows``), its seeds' labels read from
+    the part (a partitioned run's seeds are its own)."""
+
+    def __init__(self, access: FeatureAccess, fetcher: TypedRemoteRows, spans: Spans):
+        self.access, self.fetcher, self.spans = access, fetcher, spans
+
+    def load(self, epoch: int, index: int, subgraph, make=None, targets=None) -> MiniBatch:
+        part = self.fetcher.part
+        with self.spans.stage("gather", index):
+            features = self.fetcher.rows(subgraph.input_nodes)
+            seeds = subgraph.seeds.numpy()
+            labels = torch.from_numpy(np.asarray(part.labels[part.local(part.target, seeds)], dtype=np.int64))
+            return (make or MiniBatch)(epoch, index, subgraph, features, labels)
+
+    def start(self, model) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def summary(self) -> dict:
+        return {}
+
+
+class PartTypedEvaluation(PartEvaluation):
+    """A typed partitioned run's evaluation: each rank's own validation and test vertices sampled with the eval
+    fanouts and the one key of a full-copy typed run's evaluation (``evaluate.typed_logits``), so that each
+    vertex's logits are the full-copy run's (to float-sum order); scored as ``PartEvaluation`` scores them."""
+
+    def __init__(self, part: TypedPartition, exchange, world: World):
+        self.part, self.world = part, world
+        self.fetcher = TypedRemoteRows(part, exchange)
+
+    @property
+    def owners(self) -> np.ndarray:
+        return self.part.part_of[self.part.target]
+
+    def labels_of(self, ids: np.ndarray) -> np.ndarray:
+        return self.part.labels[self.part.local(self.part.target, ids)]
+
+    @torch.no_grad()
+    def share_logits(self, run, nodes: np.ndarray, positions: np.ndarray, progress=None) -> torch.Tensor:
+        model, config, device = run.model, run.config, run.device
+        model.eval()
+        sampler, chunk_size = run.typed.eval_sampler, max(1, config.eval_batch_size)
+        mine = nodes[positions]
+        outputs = [torch.zeros(0, model.arguments["num_classes"])]
+        for start in self._chunks(mine.shape[0], chunk_size):
+            chunk = mine[start:start + chunk_size]
+            subgraph = sampler.sample(chunk, inference_key(config.seed))
+            features = {t: rows.to(device) for t, rows in self.fetcher.rows(subgraph.input_nodes).items()}
+            if chunk.shape[0]:
+                ids = {t: v.to(device) for t, v in subgraph.input_nodes.items()}
+                outputs.append(model([b.to(device) for b in subgraph.blocks], features, ids).float().cpu())
+            if progress is not None:
+                progress(0, min(mine.shape[0], start + chunk_size), mine.shape[0])
+        return torch.cat(outputs)
+
+
+def check_typed_request(config: TrainConfig) -> None:
+    """What a typed partition's run refuses beyond what any partitioned run refuses, with the reason."""
+    refused = {"task": config.task == "link", "mode": config.mode not in TYPED_PARTITIONED_MODES,
+               "normalize_features": config.normalize_features != "none"}
+    given = [name for name, bad in refused.items() if bad]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: a typed graph's parts train a node task in exact mode, on rows as "
+                          f"written, so far (docs/distributed.md, \"Typed graphs on parts\"). Leave it out, or train "
+                          f"the typed graph whole (`dataset`).")
+
+
+def build_typed_part_run(config: TrainConfig, part: TypedPartition, device: torch.device, threads: Threads,
+                         stack: contextlib.ExitStack, world: World, stop: threading.Event | None,
+                         data_seconds: float, options: TypedOptions | None = None) -> Run:
+    """``partitioned.build_partitioned_run`` for a typed partition: this rank's model, optimizers and mode."""
+    check_typed_request(config)
+    options = options or TypedOptions()
+    t0 = time.perf_counter()
+    graph = part_graph(part, gathered_labels(part, world))
+    data_seconds += time.perf_counter() - t0
+    for note in graph.notes if world.main else []:
+        logger.warning(f"note: {note}")
+    if world.distributed:
+        sampling_exchange = GlooExchange.new(world, "the partitioned sampling's exchange")
+        stack.callback(sampling_exchange.close)  # after the mode's close (its producer thread stopped)
+        evaluation_exchange = GlooExchange(world, what="the partitioned evaluation's exchange")
+    else:
+        sampling_exchange, evaluation_exchange = ThreadExchange.group(1)[0], ThreadExchange.group(1)[0]
+    built = typed_model(config, graph, device, None, options, stack,
+                        samplers=lambda fanouts: PartitionedTypedSampler(part, evaluation_exchange, fanouts))
+    model, fanouts = built.model, built.typed.sampler.fanouts
+    if config.batch_size == 0:
+        config.batch_size = auto_batch_size(len(graph.train_idx))
+    task = Task.of(graph, config.metric)
+    if world.distributed:
+        world.broadcast_module(model, "the initial weights' broadcast")
+    spans = Spans()
+    sampling = dataclasses.replace(config.sampling, rank=world.rank, world=world.size)
+    access = FeatureAccess(device, None, None, None, None, None, graph)
+    loader = TypedPartLoader(access, TypedRemoteRows(part, sampling_exchange), spans)
+    seeds = NodeSeeds(graph, sampling, part.part_of[part.target])  # each global batch dealt by owner
+    mode = PartitionedMode(world, evaluation_exchange, seeds,
+                           lambda: PartitionedTypedSampler(part, sampling_exchange, fanouts), loader, sampling, spans,
+                           threads.sampler)
+    stack.callback(mode.close)
+    logger.info(f"partitioned: {world.describe()}; batch size {config.batch_size} per rank, "
+                f"{config.batch_size * world.size} per global batch, {mode.num_batches} global batches per epoch")
+    counts = built.typed.parameters
+    logger.info(f"mode {mode.name}, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
+                f"{config.fanouts}, device {device}, batch size {config.batch_size}, train threads {threads.train}, "
+                f"{mode.describe()}, parameters {counts['dense']:,} dense + {counts['embedding']:,} in embedding "
+                f"tables")
+    util = stack.enter_context(contextlib.closing(Utilisation(device)))
+    metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
+    logger.info(f"task: {task.describe()}")
+    run = Run(config, graph, device, threads, model, built.optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
+              util, metrics, task, data_seconds=data_seconds, world=world, typed=built.typed, stop=stop,
+              health=Health(task.constant_losses(graph.labels[graph.train_idx]), built.warnings))
+    run.partitioned = PartTypedEvaluation(part, evaluation_exchange, world)
+    if world.distributed:
+        run.sync = GradientSync(world, built.dense, stop, mode.averaged_gradients, built.tables)
+        run.stop = run.sync.agreed  # every rank stops after the same step
+    attach_checkpoints(run, part, world, dataset_fingerprint(graph), TYPED)
+    return run
