@@ -1,7 +1,7 @@
 """`neutronorch partition` of a typed graph: the folder read back is, array for array, the parts ``split_typed``
 cuts in memory from the graph with its reverse relations; METIS cuts fewer edges than random parts; every way
 a folder can be wrong (a damaged or missing file, another part count, a homogeneous folder where a typed one
-belongs and the reverse) is a clear error."""
+belongs and the reverse) is a clear error; and a typed full-copy run deals its seeds by the parts."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 import neutronorch
 from neutronorch.cli import main
@@ -18,6 +19,7 @@ from neutronorch.data.partition_files import dealing_owners, load_partition, par
 from neutronorch.data.partition_typed import STACKED, assign_typed, typed_constraints, write_typed_partition
 from neutronorch.data.typed_parts import TypedPartition, split_typed
 from neutronorch.errors import ConfigError, DataError
+from neutronorch.orchestration.factory import build_mode
 
 SOURCE = "synthetic-typed"
 
@@ -209,3 +211,30 @@ def test_info_and_the_command_line_partition_a_typed_dataset(tmp_path, capsys):
     assert main(["partition", str(weighted), "--parts", "2", "--out", str(tmp_path / "w")]) == 2
     assert "has edge features" in capsys.readouterr().err
     assert not (tmp_path / "s").exists() and not (tmp_path / "w").exists()
+
+
+def test_a_typed_full_copy_run_deals_each_rank_the_training_seeds_its_part_owns(graph, folder):
+    owners = load_partition(folder, 0).part_of[graph.target]
+    cpu = torch.device("cpu")
+    config = neutronorch.TrainConfig(batch_size=40, fanouts=[2, 2], device="cpu", deal_by=str(folder))
+    by_rank = [build_mode(config, graph, cpu, shard=(r, 2)).seeds for r in range(2)]
+    train = np.asarray(graph.train_idx)
+    for rank, seeds in enumerate(by_rank):
+        batches = seeds.epoch(0)
+        mine = np.concatenate([b.seeds.numpy() for b in batches])
+        assert np.array_equal(np.sort(mine), np.sort(train[owners[train] == rank]))
+        for batch in batches:  # each global batch's seeds this rank's part owns, in the batch's order
+            whole = batch.batch_seeds.numpy()
+            assert np.array_equal(batch.seeds.numpy(), whole[owners[whole] == rank])
+    # each rank's loss weighted by its share of the global batch's labelled seeds: the shares sum to the ranks
+    assert np.allclose(by_rank[0].rank_shares(0) + by_rank[1].rank_shares(0), 2.0)
+    with pytest.raises(ConfigError, match="holds 2 parts, but the run has 3 ranks"):
+        build_mode(config, graph, cpu, shard=(0, 3))
+
+
+def test_a_typed_link_task_refuses_deal_by_with_the_reason(folder, tmp_path):
+    config = neutronorch.TrainConfig(task="link", link_relation="writes", epochs=1, fanouts=[2, 2], hidden=8,
+                                     threads=1, device="cpu", eval_negatives=5, deal_by=str(folder),
+                                     checkpoint_dir=str(tmp_path / "ck"))
+    with pytest.raises(ConfigError, match="typed link task's seed edges are dealt by position"):
+        neutronorch.train(config, graph=synthetic_typed(nodes=600))
