@@ -8,29 +8,30 @@ import sys
 import time
 from pathlib import Path
 
-from neutronorch.data import dataset_paths, is_typed_dataset, load_dataset
-from neutronorch.data.partition_files import METHODS
-from neutronorch.errors import OutputError
+from neutronorch.data import dataset_paths, is_typed_dataset, load_dataset, load_typed_dataset
+from neutronorch.data.partition_meta import METHODS
+from neutronorch.errors import ConfigError, OutputError
 
 
 def add_partition_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dataset", metavar="SPEC", help="the dataset, as train's --dataset takes it (docs/datasets.md); "
-                                                        "homogeneous graphs only, so far")
+    parser.add_argument("dataset", metavar="SPEC",
+                        help="the dataset, as train's --dataset takes it (docs/datasets.md): homogeneous, or typed "
+                             "for a node task")
     parser.add_argument("--parts", type=int, required=True, metavar="K", help="how many parts (one per rank)")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="the partition folder to write; it must not exist or be empty")
     parser.add_argument("--method", choices=METHODS, default="metis",
-                        help="metis: few cut edges, balanced on vertices, training vertices and in-edges (needs "
-                             "pymetis: pip install 'neutronorch[partition]'); random: vertices dealt out at "
-                             "random (default: %(default)s)")
+                        help="metis: few cut edges, balanced on vertices (per type), training vertices and "
+                             "in-edges (needs pymetis: pip install 'neutronorch[partition]'); random: vertices dealt "
+                             "out at random (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed of METIS or of the random order (default: 0)")
     parser.add_argument("--split", metavar="edges:T,V",
                         help="for `train --task link`: split the edges as `train --split edges:T,V --seed S` does "
-                             "(a dataset's own link split is kept without it)")
+                             "(a dataset's own link split is kept without it; homogeneous graphs only)")
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    from neutronorch.data.partition import assign, check_graph, check_request, refuse_typed, write_partition
+    from neutronorch.data.partition import assign, check_graph, check_request, write_partition
     from neutronorch.data.partition_links import split_for_partition
     from neutronorch.train.output_guard import check_creatable, check_distinct, check_name_lengths, check_space
 
@@ -46,22 +47,44 @@ def cmd_partition(args: argparse.Namespace) -> int:
     check_distinct({"SPEC": dataset_paths(args.dataset)}, {"out": [target]}, replaces={"out": target})
     check_creatable("out", target / "partition.json")
     if is_typed_dataset(args.dataset):
-        refuse_typed(args.dataset)  # with the reason, before it is read
-    say(f"reading {args.dataset}")
-    graph = load_dataset(args.dataset)
-    check_graph(graph, args.dataset, args.parts)
-    if args.split is not None:
-        say(f"splitting the edges ({args.split}, seed {args.seed})")
-    graph = split_for_partition(graph, args.split, args.seed, args.dataset)
-    check_space("out", target, sum(int(a.nbytes) for a in graph.arrays() if a is not None) + graph.num_nodes * 24)
-    say(f"assigning {graph.num_nodes:,} vertices to {args.parts} parts ({args.method})")
-    assigned = assign(graph, args.parts, args.method, args.seed, say)
-    manifest = write_partition(graph, assigned, args.parts, target, args.method, args.seed, args.dataset, say)
+        graph, manifest = _typed(args, target, say)
+    else:
+        say(f"reading {args.dataset}")
+        graph = load_dataset(args.dataset)
+        check_graph(graph, args.dataset, args.parts)
+        if args.split is not None:
+            say(f"splitting the edges ({args.split}, seed {args.seed})")
+        graph = split_for_partition(graph, args.split, args.seed, args.dataset)
+        check_space("out", target, sum(int(a.nbytes) for a in graph.arrays() if a is not None) + graph.num_nodes * 24)
+        say(f"assigning {graph.num_nodes:,} vertices to {args.parts} parts ({args.method})")
+        assigned = assign(graph, args.parts, args.method, args.seed, say)
+        manifest = write_partition(graph, assigned, args.parts, target, args.method, args.seed, args.dataset, say)
     cut = manifest["edge_cut"]
     print(f"wrote {args.parts} parts of {graph.name} ({args.method}) to {args.out} in "
           f"{time.perf_counter() - t0:.1f}s; edge cut {cut['edges']:,} of {graph.num_edges:,} edges "
           f"({100 * cut['fraction']:.2f}%)")
     return 0
+
+
+def _typed(args: argparse.Namespace, target: Path, say):
+    """A typed graph written in parts, with the reverse of every relation (a typed run trains with them); the
+    graph written and the manifest."""
+    from neutronorch.data.partition_typed import assign_typed, check_typed_graph, write_typed_partition
+    from neutronorch.train.output_guard import check_space
+
+    if args.split is not None:
+        raise ConfigError(f"`split` {args.split}: {args.dataset} is a typed graph, and parts of a typed graph train "
+                          f"a node task so far (its own split); leave `split` out.")
+    say(f"reading {args.dataset}")
+    graph = load_typed_dataset(args.dataset)
+    check_typed_graph(graph, args.dataset, args.parts)
+    graph = graph.with_reverse()
+    nodes = sum(graph.num_nodes.values())
+    check_space("out", target, sum(int(a.nbytes) for a in graph.arrays() if a is not None) + nodes * 24)
+    say(f"assigning {nodes:,} vertices of {len(graph.num_nodes)} types to {args.parts} parts ({args.method})")
+    assigned = assign_typed(graph, args.parts, args.method, args.seed, say)
+    return graph, write_typed_partition(graph, assigned, args.parts, target, args.method, args.seed, args.dataset,
+                                        say)
 
 
 def _check_new(target: Path) -> None:

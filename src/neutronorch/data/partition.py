@@ -21,8 +21,9 @@ from neutronorch.data.graph import Graph
 from neutronorch.data.native import save_array
 from neutronorch.data.links import row_statistics
 from neutronorch.data.partition_links import link_arrays, link_manifest
-from neutronorch.data.partition_files import (FORMAT, FORMAT_VERSION, GLOBAL_ARRAYS, MANIFEST, METHODS, PART_ARRAYS,
-                                              PART_META, digest, part_folder, partition_id)
+from neutronorch.data.partition_files import GLOBAL_ARRAYS, PART_ARRAYS
+from neutronorch.data.partition_meta import (FORMAT, FORMAT_VERSION, MANIFEST, METHODS, PART_META, digest, part_folder,
+                                             partition_id)
 from neutronorch.errors import ConfigError, DataError
 
 # What METIS balances, in the order of its constraints (DistDGL balances vertices, training vertices, edges).
@@ -55,23 +56,20 @@ def metis():
     return pymetis
 
 
-def check_graph(graph, spec: str, parts: int) -> None:
-    """A graph this module can partition into ``parts``: homogeneous, with no times, enough vertices (a link
-    split, if any, is ``partition_links.split_for_partition``'s to check)."""
-    if not isinstance(graph, Graph):
-        refuse_typed(spec)
+def check_graph(graph: Graph, spec: str, parts: int) -> None:
+    """A homogeneous graph this module can partition into ``parts``: no times, enough vertices (a link split,
+    if any, is ``partition_links.split_for_partition``'s to check; a typed graph is ``partition_typed.py``'s)."""
     if graph.temporal:
         raise DataError(f"{spec}: a graph with edge or vertex times; a partition does not carry times yet, and "
                         f"training on parts without them would sample the future (docs/temporal.md). Partition a "
                         f"graph without times.")
-    if parts > graph.num_nodes:
-        raise ConfigError(f"`parts` {parts}: more parts than {spec}'s {graph.num_nodes:,} vertices; every part "
-                          f"needs a vertex. Ask for at most {graph.num_nodes:,}.")
+    check_parts(parts, graph.num_nodes, spec)
 
 
-def refuse_typed(spec: str) -> None:
-    raise DataError(f"{spec}: a typed graph (several vertex types); partitioning covers homogeneous graphs so far "
-                    f"(docs/distributed.md, 'Partitioned training'). Partition a homogeneous dataset.")
+def check_parts(parts: int, nodes: int, spec: str) -> None:
+    if parts > nodes:
+        raise ConfigError(f"`parts` {parts}: more parts than {spec}'s {nodes:,} vertices; every part "
+                          f"needs a vertex. Ask for at most {nodes:,}.")
 
 
 def assign(graph: Graph, parts: int, method: str, seed: int, say: Say = lambda line: None
@@ -83,34 +81,46 @@ def assign(graph: Graph, parts: int, method: str, seed: int, say: Say = lambda l
     return metis_parts(graph, parts, seed, say)
 
 
-def random_parts(n: int, parts: int, seed: int) -> np.ndarray:
+def random_parts(n: int, parts: int, seed: int, *stream: int) -> np.ndarray:
     """Vertices dealt out in a seeded random order: the parts' sizes differ by at most one. The stream is
-    this function's own (``seed`` and a tag), not the one a split drawn with the same seed uses."""
+    this function's own (``seed`` and a tag), not the one a split drawn with the same seed uses; ``stream``
+    (whole numbers) tells apart several drawn with one seed (a typed graph's types)."""
     part_of = np.empty(n, dtype=np.int32)
-    part_of[np.random.default_rng([seed, _RANDOM_TAG]).permutation(n)] = np.arange(n, dtype=np.int64) % parts
+    part_of[np.random.default_rng([seed, _RANDOM_TAG, *stream]).permutation(n)] = np.arange(n, dtype=np.int64) % parts
     return part_of
 
 
 def metis_parts(graph: Graph, parts: int, seed: int, say: Say = lambda line: None) -> tuple[np.ndarray, list[str]]:
-    """METIS k-way on the symmetrised graph (no self loops, each pair once), balancing ``BALANCE`` as several
-    constraints (METIS's ``ncon``), a constraint no vertex weighs left out; and the names it balanced.
+    """METIS k-way on the symmetrised graph (no self loops, each pair once), balancing ``BALANCE``
+    (``balanced_metis``); and the names it balanced."""
+    pymetis = metis()
+    if parts == 1:
+        return np.zeros(graph.num_nodes, dtype=np.int32), list(constraints(graph))
+    say(f"symmetrising {graph.num_edges:,} edges for METIS")
+    xadj, adjncy = symmetrised(graph.indptr, graph.indices, graph.num_nodes, pymetis.zero_copy_dtype())
+    every = constraints(graph)
+    return balanced_metis(xadj, adjncy, every, {"vertices": every["vertices"]}, parts, seed, say)
+
+
+def balanced_metis(xadj: np.ndarray, adjncy: np.ndarray, every: dict[str, np.ndarray], alone: dict[str, np.ndarray],
+                   parts: int, seed: int, say: Say = lambda line: None) -> tuple[np.ndarray, list[str]]:
+    """METIS k-way on the undirected adjacency (``xadj``, ``adjncy``, in ``pymetis.zero_copy_dtype()``),
+    balancing every vertex weight of ``every`` (by what it balances, a column a vertex each) as several
+    constraints (METIS's ``ncon``); the owner of every vertex and the names it balanced.
 
     METIS may leave several constraints far off balance without saying so (on a 3M-vertex graph, 4 parts of up
-    to 1.32 times the mean). Parts off by more than ``TOLERANCE`` in any constraint are partitioned again, k-way
-    on the vertices alone (which METIS balances well, and which left the training vertices and in-edges within
-    0.5% there), then by recursive bisection with every constraint; the first within tolerance is kept, else the
-    most even, with a warning."""
+    to 1.32 times the mean). Parts off by more than ``TOLERANCE`` in any constraint of ``every`` are made
+    again: k-way on ``alone`` (the vertices, which METIS balances well, and which left the training vertices
+    and in-edges within 0.5% there), then by recursive bisection with every constraint, then with ``alone``;
+    the first within tolerance is kept, else the most even, with a warning."""
     pymetis = metis()
-    n = graph.num_nodes
-    if parts == 1:
-        return np.zeros(n, dtype=np.int32), list(constraints(graph))
-    say(f"symmetrising {graph.num_edges:,} edges for METIS")
-    xadj, adjncy = symmetrised(graph.indptr, graph.indices, n, pymetis.zero_copy_dtype())
-    adjacency, every = pymetis.CSRAdjacency(xadj, adjncy), constraints(graph)
-    tries = [(list(every), False)] + ([(["vertices"], False)] if len(every) > 1 else []) + [(list(every), True)]
+    n = xadj.shape[0] - 1
+    adjacency = pymetis.CSRAdjacency(xadj, adjncy)
+    tries = [(every, False), (alone, False), (every, True), (alone, True)]
     tried = []
-    for names, recursive in tries:
-        weights = np.stack([every[name] for name in names], axis=1).astype(pymetis.zero_copy_dtype())
+    for columns, recursive in tries:
+        names = list(columns)
+        weights = np.stack(list(columns.values()), axis=1).astype(pymetis.zero_copy_dtype())
         options = pymetis.Options()
         options.seed = seed
         say(f"METIS{' (recursive bisection)' if recursive else ''}: {parts} parts of {n:,} vertices and "
@@ -139,14 +149,23 @@ def constraints(graph: Graph) -> dict[str, np.ndarray]:
     else:
         training[np.asarray(graph.train_idx)] = 1
     columns = (np.ones(graph.num_nodes, dtype=np.int64), training, np.diff(np.asarray(graph.indptr)).astype(np.int64))
-    return {name: column for name, column in zip(BALANCE, columns) if column.any()}
+    return weighing(dict(zip(BALANCE, columns)))
+
+
+def weighing(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The constraints of ``columns`` some vertex weighs."""
+    return {name: column for name, column in columns.items() if column.any()}
 
 
 def symmetrised(indptr: np.ndarray, indices: np.ndarray, n: int, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
     """The CSR adjacency of the undirected graph of the CSC (``indptr``, ``indices``): each pair of distinct
     vertices joined by an edge either way once in both directions, self loops dropped."""
     dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(np.asarray(indptr)))
-    src = np.asarray(indices, dtype=np.int64)
+    return symmetrised_pairs(np.asarray(indices, dtype=np.int64), dst, n, dtype)
+
+
+def symmetrised_pairs(src: np.ndarray, dst: np.ndarray, n: int, dtype=np.int64) -> tuple[np.ndarray, np.ndarray]:
+    """``symmetrised`` of the edges ``src`` -> ``dst`` (int64 ids of ``n`` vertices)."""
     keep = src != dst
     src, dst = src[keep], dst[keep]
     keys = np.concatenate([src * n + dst, dst * n + src])
@@ -218,7 +237,7 @@ def write_partition(graph: Graph, assigned: tuple[np.ndarray, list[str]], parts:
             np.cumsum(degrees[ids], out=own[1:])
             saved(folder, f"{sub}/indptr.npy", own)
             saved(folder, f"{sub}/indices.npy", np.asarray(indices)[dst_part == k])
-            _save_rows(folder / sub / "features.npy", graph.features, ids)
+            save_rows(folder / sub / "features.npy", graph.features, ids)
             files[f"{sub}/features.npy"] = {"sha256": digest(folder / sub / "features.npy"),
                                             "bytes": (folder / sub / "features.npy").stat().st_size}
             saved(folder, f"{sub}/labels.npy", np.asarray(graph.labels[ids]))
@@ -251,7 +270,7 @@ def write_partition(graph: Graph, assigned: tuple[np.ndarray, list[str]], parts:
     return manifest
 
 
-def _save_rows(path: Path, source: np.ndarray, ids: np.ndarray) -> None:
+def save_rows(path: Path, source: np.ndarray, ids: np.ndarray) -> None:
     """``source[ids]`` written to ``path`` a chunk at a time (a memory-mapped source is never read whole);
     bfloat16 as its uint16 bits, as the native format stores it."""
     rows = source.view(np.uint16) if is_bfloat16(source) else source

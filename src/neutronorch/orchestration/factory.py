@@ -164,7 +164,8 @@ def homogeneous_access(config: TrainConfig, graph: Graph, device: torch.device, 
                       lambda: auto_size([graph.features], [graph.indptr, graph.indices], shard[1] > 1),
                       device_rows)
     # A link task's graph carries its links (train/link_task.py's link_graph); its batches are seed edges.
-    owner = dealing_owners(config.deal_by, shard[1], graph.num_nodes) if config.deal_by is not None else None
+    owner = (dealing_owners(config.deal_by, shard[1], graph.num_nodes, typed=False) if config.deal_by is not None
+             else None)
     seeds = LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives, owner=owner) if link else \
         NodeSeeds(graph, sampling, owner)
     return graph, sampling, FeatureAccess(device, store, placement, cache, pool), seeds
@@ -176,15 +177,18 @@ def typed_access(config: TrainConfig, graph: TypedGraph, device: torch.device, s
     """A typed graph's fanouts per relation (default ``config.fanouts`` for every relation), sampling
     settings, rows and batches' seeds (a link task's: its relation's edges, ``LinkEnds``)."""
     fanouts = typed_fanouts(graph, config.fanouts if fanouts is None else fanouts)
-    if config.deal_by is not None:
-        raise ConfigError(f"`deal_by` {config.deal_by}: a typed graph is not partitioned yet, so its seeds are "
-                          f"dealt by position; leave `deal_by` out.")
-    sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1])
-    stores = typed_stores(config, graph, fanouts, shard[1] > 1, on_host=config.mode != "device")
     # A link task's batches are seed edges of its relation, in its end types' stacked ids (``LinkEnds``).
     ends = graph.links.ends if config.task == "link" else None
+    if ends is not None and config.deal_by is not None:
+        raise ConfigError(f"`deal_by` {config.deal_by}: a typed graph's parts train a node task so far, so a typed "
+                          f"link task's seed edges are dealt by position; leave `deal_by` out.")
+    # A node task's seeds dealt by the target type's owners in a typed graph's partition folder (``deal_by``).
+    owner = (dealing_owners(config.deal_by, shard[1], graph.num_nodes[graph.target], typed=True)
+             if config.deal_by is not None else None)
+    sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1])
+    stores = typed_stores(config, graph, fanouts, shard[1] > 1, on_host=config.mode != "device")
     seeds = (LinkSeeds(graph.links.train, ends.num_nodes, sampling, config.negatives, ends) if ends is not None
-             else NodeSeeds(graph, sampling))
+             else NodeSeeds(graph, sampling, owner))
     # Its rows read on the host (device mode's reader caches them).
     access = FeatureAccess(device, None, None, None, None, TypedInputs(graph, stores), graph)
     return fanouts, sampling, access, seeds

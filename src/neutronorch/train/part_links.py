@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from neutronorch.config import TrainConfig
-from neutronorch.data.partition_files import is_partition_dir, read_manifest
+from neutronorch.data.partition_files import is_partition_dir, is_typed, read_manifest
 from neutronorch.data.partition_links import input_statistics
 from neutronorch.errors import ConfigError
 from neutronorch.nn.link import LinkModel
@@ -28,7 +28,12 @@ def check_task(config: TrainConfig) -> None:
     folder = config.partitions
     if not is_partition_dir(folder):
         return
-    links = bool(read_manifest(folder).get("links"))
+    manifest = read_manifest(folder)
+    if is_typed(manifest):
+        raise ConfigError(f"`partitions` {folder}: a partition of a typed graph, which partitioned training does not "
+                          f"train yet. Train the typed dataset whole (`dataset`), data parallel with its seeds dealt "
+                          f"by these parts (`deal_by` {folder}).")
+    links = bool(manifest.get("links"))
     if links and config.task != "link":
         raise ConfigError(f"`task` {config.task}: {folder} is a partition of a link split (its validation and test "
                           f"edges are out of its topology); give `task` link, or partition the graph without "
