@@ -29,10 +29,8 @@ def check_task(config: TrainConfig) -> None:
     if not is_partition_dir(folder):
         return
     manifest = read_manifest(folder)
-    if is_typed(manifest):
-        raise ConfigError(f"`partitions` {folder}: a partition of a typed graph, which partitioned training does not "
-                          f"train yet. Train the typed dataset whole (`dataset`), data parallel with its seeds dealt "
-                          f"by these parts (`deal_by` {folder}).")
+    if is_typed(manifest):  # a typed graph's parts train a node task so far: ``part_typed.check_typed_request``
+        return
     links = bool(manifest.get("links"))
     if links and config.task != "link":
         raise ConfigError(f"`task` {config.task}: {folder} is a partition of a link split (its validation and test "

@@ -75,7 +75,7 @@ def part_graph(part: TypedPartition, labels: np.ndarray) -> PartTypedGraph:
 
 def gathered_labels(part: TypedPartition, world: World) -> np.ndarray:
     """The target's labels of the whole graph, each part's own gathered (a collective)."""
-    own = torch.from_numpy(np.ascontiguousarray(part.labels, dtype=np.int64))
+    own = torch.from_numpy(np.array(part.labels, dtype=np.int64))  # a copy of its own (the map is read-only)
     parts = world.all_gather_rows(own, "gathering the target's labels") if world.distributed else [own]
     labels = np.empty((part.num_nodes[part.target], *own.shape[1:]), dtype=np.int64)
     owners = np.asarray(part.part_of[part.target])

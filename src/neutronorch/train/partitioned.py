@@ -24,7 +24,7 @@ import torch
 from neutronorch.capabilities import PARTITIONED_MODES
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data.feature_norm import row_normalized
-from neutronorch.data.partition_files import is_partition_dir, load_partition, read_manifest
+from neutronorch.data.partition_files import is_partition_dir, is_typed, load_partition, read_manifest
 from neutronorch.data.typed_parts import TypedPartition
 from neutronorch.errors import ConfigError
 from neutronorch.features.placement import Placement
@@ -98,7 +98,7 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
 
 def typed_partition(folder) -> bool:
     """Whether ``folder`` is a typed graph's partition (a folder that is none is refused when it is loaded)."""
-    return is_partition_dir(folder) and read_manifest(folder).get("kind") == "typed"
+    return is_partition_dir(folder) and is_typed(read_manifest(folder))
 
 
 @dataclass
