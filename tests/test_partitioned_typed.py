@@ -14,9 +14,12 @@ import pytest
 import torch
 
 import neutronorch
+from neutronorch.data import load_dataset
+from neutronorch.data.partition import assign, write_partition
 from neutronorch.data.partition_typed import assign_typed, write_typed_partition
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.errors import ConfigError, Interrupted
+from neutronorch.train.heterogeneous import TypedOptions
 from test_partitioned_training import _env, _step_losses, spawned
 
 SETTINGS = dict(hidden=16, fanouts=[4, 3], batch_size=40, threads=1, sampler_threads=1, device="cpu", dropout=0.3,
@@ -49,6 +52,26 @@ def test_one_part_in_one_process_trains_as_the_whole_typed_graph(tmp_path, model
     assert parted["dataset"]["edges"] == whole["dataset"]["edges"]
     assert parted["model"]["parameters"] == whole["model"]["parameters"]  # the featureless types' tables, whole
     assert parted["epochs"][0]["exchange"][0]["exchanges"] > 0
+
+
+def test_typed_options_apply_on_the_parts_and_are_refused_on_a_homogeneous_folder(tmp_path):
+    graph = typed_graph()
+    folder = _partition(graph, tmp_path / "p1", 1)
+    options = TypedOptions(fanouts={"writes": [3, 2], "default": [4, -1]}, embed_dim=8)
+    settings = dict(SETTINGS, model="rgcn", epochs=1)
+    whole = neutronorch.train(neutronorch.TrainConfig(log_jsonl=str(tmp_path / "a.jsonl"), **settings), graph=graph,
+                              options=options)
+    parted = neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), log_jsonl=str(tmp_path / "b.jsonl"),
+                                                       **settings), options=options)
+    assert _step_losses(tmp_path / "b.jsonl") == _step_losses(tmp_path / "a.jsonl")
+    assert parted["fanouts"] == whole["fanouts"] and parted["fanouts"]["(author, writes, paper)"] == [3, 2]
+    assert parted["model"]["parameters"] == whole["model"]["parameters"]
+    plain = load_dataset("synthetic:nodes=300")
+    write_partition(plain, assign(plain, 1, "random", 0), 1, tmp_path / "h1", "random", 0, "synthetic")
+    with pytest.raises(ConfigError, match="typed graph's settings.*homogeneous graph's parts"):
+        neutronorch.train(neutronorch.TrainConfig(partitions=str(tmp_path / "h1"), **settings), options=options)
+    with pytest.raises(ConfigError, match="`graph` or `model` given with `partitions`"):
+        neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), **settings), graph=graph)
 
 
 @pytest.mark.parametrize("settings, message", [

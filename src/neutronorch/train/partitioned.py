@@ -72,9 +72,12 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
     def refuse(what: str, fix: str) -> ConfigError:
         return ConfigError(f"{what}: {BUILT} {WHY}. {fix}")
 
-    if graph is not None or model is not None or options is not None:
-        raise refuse("`graph`, `model` or `options` given with `partitions`", "Train on the partition folder alone "
-                     "(rank r loads part r), with a built-in model.")
+    if graph is not None or model is not None:
+        raise refuse("`graph` or `model` given with `partitions`", "Train on the partition folder alone (rank r loads "
+                     "part r), with a built-in model.")
+    if options is not None and not typed_partition(config.partitions):
+        raise ConfigError(f"`options` (a TypedOptions) are a typed graph's settings, and {config.partitions} holds "
+                          f"a homogeneous graph's parts; leave `options` out.")
     if config.settings_given(["dataset"]):
         raise ConfigError(f"`dataset` {config.dataset} and `partitions` {config.partitions}: the partition folder "
                           f"holds the graph it was made from; give one of them.")
