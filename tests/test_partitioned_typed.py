@@ -41,9 +41,10 @@ def test_one_part_in_one_process_trains_as_the_whole_typed_graph(tmp_path, model
     graph = typed_graph()
     folder = _partition(graph, tmp_path / "p1", 1)
     settings = dict(SETTINGS, model=model, epochs=2)
-    whole = neutronorch.train(neutronorch.TrainConfig(log_jsonl=str(tmp_path / "a.jsonl"), **settings), graph=graph)
+    whole = neutronorch.train(neutronorch.TrainConfig(log_jsonl=str(tmp_path / "a.jsonl"), **settings,
+                                                      checkpoint_dir=str(tmp_path / "ca")), graph=graph)
     parted = neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), log_jsonl=str(tmp_path / "b.jsonl"),
-                                                       **settings))
+                                                       **settings, checkpoint_dir=str(tmp_path / "cb")))
     losses = _step_losses(tmp_path / "a.jsonl")
     assert len(losses) == 6 and _step_losses(tmp_path / "b.jsonl") == losses  # bit for bit
     for key in ("val_acc", "test_acc"):
@@ -52,6 +53,9 @@ def test_one_part_in_one_process_trains_as_the_whole_typed_graph(tmp_path, model
     assert parted["dataset"]["edges"] == whole["dataset"]["edges"]
     assert parted["model"]["parameters"] == whole["model"]["parameters"]  # the featureless types' tables, whole
     assert parted["epochs"][0]["exchange"][0]["exchanges"] > 0
+    # Rank 0's checkpoint holds the whole model, tables included: predict reads it with the source graph.
+    got, expected = (neutronorch.predict(str(tmp_path / name / "last.pt"), graph) for name in ("cb", "ca"))
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_typed_options_apply_on_the_parts_and_are_refused_on_a_homogeneous_folder(tmp_path):
