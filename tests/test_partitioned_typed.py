@@ -18,8 +18,10 @@ from neutronorch.data import load_dataset
 from neutronorch.data.partition import assign, write_partition
 from neutronorch.data.partition_typed import assign_typed, write_typed_partition
 from neutronorch.data.synthetic_typed import synthetic_typed
-from neutronorch.errors import ConfigError, Interrupted
+from neutronorch.errors import CheckpointError, ConfigError, Interrupted
 from neutronorch.train.heterogeneous import TypedOptions
+from neutronorch.train import typed_tables
+from neutronorch.train.part_tables import draw_owned
 from test_partitioned_training import _env, _step_losses, spawned
 
 SETTINGS = dict(hidden=16, fanouts=[4, 3], batch_size=40, threads=1, sampler_threads=1, device="cpu", dropout=0.3,
@@ -78,13 +80,27 @@ def test_typed_options_apply_on_the_parts_and_are_refused_on_a_homogeneous_folde
         neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), **settings), graph=graph)
 
 
+def test_a_parts_rows_of_a_table_are_drawn_as_the_whole_table_is(monkeypatch):
+    monkeypatch.setattr(typed_tables, "CHUNK_BYTES", 64 * 24 * 4)  # chunks of 64 rows: many
+    ids = np.array([0, 5, 16, 17, 900, 4095, 4099], dtype=np.int64)
+    torch.manual_seed(7)
+    whole = torch.nn.Embedding(4100, 24, sparse=True).weight.detach()  # drawn in one call
+    after = torch.rand(3)
+    torch.manual_seed(7)
+    part = draw_owned(4100, 24, ids)
+    assert torch.equal(part, whole[torch.from_numpy(ids)]) and torch.equal(torch.rand(3), after)
+
+
 @pytest.mark.parametrize("settings, message", [
     (dict(task="link"), "task"), (dict(mode="neutronorch"), "mode"), (dict(normalize_features="row"),
                                                                       "normalize_features"),
+    (dict(embedding_storage="mmap"), "embedding_storage"),
 ])
 def test_what_a_typed_graphs_parts_cannot_train_yet_is_refused_with_the_reason(tmp_path, settings, message):
     folder = _partition(typed_graph(), tmp_path / "p1", 1)
-    with pytest.raises(ConfigError, match=f"{message}.*typed graph's parts train a node task in exact mode"):
+    why = "memory-mapped tables are not split by owner" if "embedding" in message else \
+        "typed graph's parts train a node task in exact mode"
+    with pytest.raises(ConfigError, match=f"{message}.*{why}"):
         neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), **dict(SETTINGS, epochs=1), **settings))
     assert not (tmp_path / "runs").exists()
 
@@ -123,6 +139,14 @@ def test_two_ranks_on_typed_parts_reproduce_the_full_copy_run_and_resume_bit_for
     for key in ("val_acc", "test_acc"):  # each rank's vertices sampled as the whole graph samples them
         assert b[key] == pytest.approx(a[key], abs=1e-9) and c[key] == b[key], key
     assert c["epochs"][1]["resumed_at_step"] == 3
+    # Each rank held its part's rows of the featureless types' tables, and rank 0's file holds only its own.
+    tables = b["embedding_tables"]
+    whole = typed_graph().num_nodes
+    assert tables["reason"] == "split by owner on the parts"
+    assert 0 < tables["tables"]["author"][0] < whole["author"] and tables["tables"]["author"][1] == 16
+    assert sum(t[0] for t in tables["tables"].values()) < sum(whole[t] for t in tables["tables"]) * 0.75
+    with pytest.raises(CheckpointError, match="typed run on 2 parts.*only its part's rows"):
+        neutronorch.predict(str(tmp_path / "ck" / "last.pt"), typed_graph())
     traffic = b["epochs"][0]["exchange"]
     assert len(traffic) == 2 and all(t["sent_bytes"] > 0 and t["received_bytes"] > 0 for t in traffic)
     assert np.isfinite(b["final_test_acc"])

@@ -32,7 +32,7 @@ from neutronorch.orchestration.factory import build_mode
 from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler
 from neutronorch.train.task import Task
-from neutronorch.train.distributed import combine_rows, own_rows
+from neutronorch.train.table_grads import combine_rows, own_rows
 from neutronorch.train.step import step_masks
 from neutronorch.features.store import TypedInputs
 

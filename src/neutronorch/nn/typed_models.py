@@ -232,8 +232,11 @@ def edge_arguments(layer: nn.Module, tblock: TypedBlock, weighted: Iterable[Rela
 
 
 def _table(node_type: str, rows: int, width: int, tables) -> nn.Embedding:
-    """A featureless type's table: ``tables``' weights for it where it gives some, else ``nn.Embedding``'s."""
+    """A featureless type's table: ``tables``' weights for it where it gives some (or the table itself: a
+    partitioned run's, of its part's rows), else ``nn.Embedding``'s."""
     weight = tables(node_type, rows, width) if tables is not None else None
+    if isinstance(weight, nn.Embedding):
+        return weight
     if weight is None:
         return nn.Embedding(rows, width, sparse=True)
     if tuple(weight.shape) != (rows, width) or weight.dtype != torch.float32:

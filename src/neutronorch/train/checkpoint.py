@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from neutronorch.config import TrainConfig
 from neutronorch.data.graph import Graph
@@ -96,6 +97,11 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module | None = Non
     receives them."""
     state = load_state(path, kind)
     kind = state.get("kind", HOMOGENEOUS)
+    if split_tables(state):
+        raise CheckpointError(f"{path}: written by rank {state['partition']['part']} of a typed run on "
+                              f"{state['partition']['parts']} parts, whose embedding tables hold only its part's rows; "
+                              f"a model for inference needs every row. Predict from a typed run on one part or on the "
+                              f"whole graph (`dataset`), for now.")
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
     return Checkpoint(_model(state, Path(path), model).eval(), config, int(state["epoch"]), state["dataset"],
                       state["history"], fanouts_of(state) if kind == TYPED else None)
@@ -245,8 +251,9 @@ def _model(state: dict, path: Path, given: torch.nn.Module | None = None) -> tor
     if "custom" in args or given is not None:
         return _user_model(state, path, given)
     try:
+        tables = checkpoint_tables(state) or (part_rows(state) if split_tables(state) else None)
         build = (lambda a: TypedGNN(**{**a, "spec": TypedSpec.from_dict(a["spec"])},
-                                    tables=checkpoint_tables(state))) if typed else (lambda a: GNN(**a))
+                                    tables=tables)) if typed else (lambda a: GNN(**a))
         if "link_head" in args:  # a link task's: its encoder and head
             model = LinkModel(build(args["encoder"]), args["link_head"], args.get("head_dropout", 0.0))
         else:
@@ -257,6 +264,18 @@ def _model(state: dict, path: Path, given: torch.nn.Module | None = None) -> tor
                               f"last.pt or best.pt of a --checkpoint-dir.") from None
     return holding_weights(model, state, path, "its weights do not fit the model its arguments describe",
                            "The file is damaged; use another checkpoint or train again.")
+
+
+def split_tables(state: dict) -> bool:
+    """Whether the checkpoint is a rank's of a typed run on several parts, its embedding tables its part's rows
+    (``part_tables.py``)."""
+    return state.get("kind") == TYPED and state.get("partition", {}).get("parts", 1) > 1
+
+
+def part_rows(state: dict):
+    """``TypedGNN``'s ``tables`` for a ``split_tables`` checkpoint: each table of the rows the rank held."""
+    model = state["model"]
+    return lambda node_type, rows, width: nn.Embedding(*model[f"embeddings.{node_type}.weight"].shape, sparse=True)
 
 
 def holding_weights(model, state: dict, path: Path, problem: str, advice: str = ""):

@@ -20,6 +20,7 @@ from neutronorch.config import TrainConfig
 from neutronorch.environment import launcher_world_size
 from neutronorch.errors import ConfigError, TrainingError
 from neutronorch.train.resources import peak_rss_mb, resident_mb
+from neutronorch.train.table_grads import reduce_tables
 
 
 @dataclasses.dataclass
@@ -73,9 +74,12 @@ class World:
                                          group=group or self._group_of(tensor))
         return tensor
 
-    def broadcast_module(self, module: torch.nn.Module, what: str, buffers_only: bool = False) -> None:
-        """Rank 0's parameters and buffers (only its buffers) on every rank."""
-        tensors = list(module.buffers()) if buffers_only else list(module.state_dict().values())
+    def broadcast_module(self, module: torch.nn.Module, what: str, buffers_only: bool = False,
+                         keep: frozenset = frozenset()) -> None:
+        """Rank 0's parameters and buffers (only its buffers) on every rank; ``keep``: the names of parameters
+        each rank keeps its own of (a typed graph's parts' rows of the embedding tables)."""
+        tensors = (list(module.buffers()) if buffers_only else
+                   [tensor for name, tensor in module.state_dict().items() if name not in keep])
         with torch.no_grad():
             for tensor in tensors:
                 with self._collective(what):
@@ -272,13 +276,14 @@ class GradientSync:
     ``w_r * grad_r`` and ``w_r`` in one flat buffer and dividing gives the global batch's mean-loss gradient.
     Gradients the mode hands over apart (``averaged()``: NeutronOrch's hot rows') are averaged with equal
     weights in the same buffer. A parameter with no gradient on any rank keeps none (as in one process).
-    ``tables``: a typed model's sparse embedding tables, reduced first (``reduce_tables``)."""
+    ``tables``: a typed model's sparse embedding tables, reduced first (``reduce_tables``), or their own
+    reduction, ``tables(weight)`` (a typed graph's parts': ``part_tables.PartTables.reduce``)."""
 
     def __init__(self, world: World, params: list[torch.Tensor], request: threading.Event | None,
-                 averaged=None, tables: list[torch.Tensor] = ()):
+                 averaged=None, tables=()):
         self.world = world
         self.params = params
-        self.tables = list(tables)
+        self.tables = tables if callable(tables) else list(tables)
         self.request = request  # set by a signal handler on this rank
         self.averaged = averaged  # () -> {parameter: gradient} | None, the same steps on every rank
         self.agreed = threading.Event()  # set on every rank at the same step once any rank was asked to stop
@@ -288,7 +293,9 @@ class GradientSync:
         mean loss."""
         handed = self.averaged() if self.averaged is not None else None
         extra = {id(p): g for p, g in (handed or {}).items()}
-        if self.tables:
+        if callable(self.tables):
+            self.tables(float(weight))
+        elif self.tables:
             reduce_tables(self.world, self.tables, float(weight))
             if handed is not None:  # the same steps on every rank
                 reduce_tables(self.world, self.tables, 1.0, [extra.pop(id(t), None) for t in self.tables])
@@ -325,74 +332,3 @@ class GradientSync:
         if self.world.all_reduce_(asked, "the stop agreement").item():  # asked on any rank: every rank agrees
             self.agreed.set()
         return flat[end - 2].clone()  # the global batch's mean loss
-
-
-# ----- the embedding tables' sparse gradients, which ``GradientSync`` reduces first -----------------
-
-
-def reduce_tables(world: World, tables: list[torch.Tensor], weight: float, apart: list | None = None) -> None:
-    """Every table's gradient: every rank's (row ids, rows), weighted by its loss terms, summed where ranks
-    share rows and divided by the global batch's terms (``combine_rows``), in two all-gathers: each rank's
-    weight and row counts, then its rows. Every rank computes it from the same gathered bytes in the same
-    order, so tables and moments stay identical on every rank, bit for bit. ``apart``: per table a sparse
-    gradient (or None) reduced instead of the table's and added to it (with ``weight`` 1: their mean)."""
-    widths = [table.shape[1] for table in tables]
-    parts = ([own_rows(table) for table in tables] if apart is None
-             else [own_rows(grad, width) for grad, width in zip(apart, widths)])
-    # Per rank: its weight, then per table whether it has a gradient and its row count.
-    meta = torch.tensor([[weight, *[x for ids, _, present in parts for x in (present, ids.shape[0])]]],
-                        dtype=torch.float64)
-    metas = [m[0].tolist() for m in world.gather_padded(meta, [1] * world.size, world.host_group,
-                                                        "the embedding tables' gradient sizes")]
-    counts = [[int(n) for n in m[2::2]] for m in metas]
-    sizes = [sum(n * (2 + w) for n, w in zip(mine, widths)) for mine in counts]
-    # One float32 buffer: per table its ids' bytes (two float32 words an int64 id, copied, never computed
-    # with), then its rows.
-    packed = torch.cat([torch.zeros(0), *[x for ids, rows, _ in parts for x in (ids.view(torch.float32),
-                                                                                 rows.reshape(-1))]])
-    gathered = (world.gather_padded(packed, sizes, world.host_group, "the embedding tables' gradient rows")
-                if max(sizes) else [packed] * world.size)
-    received = []  # per rank, its tables' (row ids, copied to be read as int64, and rows) from its buffer
-    for flat, mine in zip(gathered, counts):
-        unpacked, at = [], 0
-        for n, w in zip(mine, widths):
-            ids, at = flat[at:at + 2 * n].clone().view(torch.int64), at + 2 * n
-            unpacked.append((ids, flat[at:at + n * w].view(n, w)))
-            at += n * w
-        received.append(unpacked)
-    weights = [m[0] for m in metas]
-    for k, table in enumerate(tables):
-        present = any(m[1 + 2 * k] for m in metas)
-        grad = (combine_rows([rows[k] for rows in received], weights, tuple(table.shape)).to(table.device)
-                if present and sum(weights) > 0 else None)
-        if apart is None:
-            table.grad = grad
-        elif grad is not None:
-            table.grad = grad if table.grad is None else (table.grad + grad).coalesce()
-
-
-def own_rows(table: torch.Tensor | None, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """A table's gradient on this rank (or, given its ``width``, the sparse gradient ``table``) as (row ids int64,
-    rows float32, whether there is one), on the CPU."""
-    grad = table.grad if width is None else table
-    if grad is None:
-        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, table.shape[1] if width is None else width), False
-    if not grad.is_sparse:
-        raise RuntimeError("typed data-parallel training reduces the sparse gradients of embedding tables "
-                           "(nn.Embedding(sparse=True)); this table's gradient is dense")
-    ids, rows = grad._indices()[0], grad._values()
-    return ids.to("cpu", torch.int64).contiguous(), rows.detach().to("cpu", torch.float32).contiguous(), True
-
-
-def combine_rows(ranks: list[tuple[torch.Tensor, torch.Tensor]], weights: list[float], shape: tuple[int, int]
-                 ) -> torch.Tensor:
-    """The global batch's gradient of one table from every rank's (row ids, gradient rows of its mean loss):
-    ``sum_r weights[r] * rows_r`` per row id (a row several ranks or lookups hold, summed), divided by the
-    weights' sum; a coalesced sparse tensor of ``shape`` on the CPU. Deterministic: the same inputs give the
-    same bits."""
-    unique, inverse = torch.unique(torch.cat([ids for ids, _ in ranks]), sorted=True, return_inverse=True)
-    summed = torch.zeros((unique.shape[0], shape[1]))
-    for (ids, rows), w, where in zip(ranks, weights, torch.split(inverse, [ids.shape[0] for ids, _ in ranks])):
-        summed.index_add_(0, where, rows, alpha=w)  # rank by rank: w * rows added where each row's id is
-    summed.div_(sum(weights))
-    return torch.sparse_coo_tensor(unique.unsqueeze(0), summed, shape, is_coalesced=True, check_invariants=False)

@@ -63,11 +63,13 @@ def check_own_model_config(config: TrainConfig) -> None:
 
 
 def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, user_model: torch.nn.Module | None,
-                options: TypedOptions, stack: contextlib.ExitStack, samplers=None) -> Built:
+                options: TypedOptions, stack: contextlib.ExitStack, samplers=None, table_maker=None) -> Built:
     """A typed graph's part of ``build_run``: the graph with its reverse relations, its samplers, its model
     (``TypedGNN``, or ``user_model`` adapted by ``UserModel``), its tables (``plan_tables``: where they live,
     checked; open while ``stack`` is) and optimizers. ``samplers``: ``new(fanouts)``, which makes a sampler of
-    the graph as trained (a partitioned run's: ``graph`` then already holds its reverse relations)."""
+    the graph as trained (a partitioned run's: ``graph`` then already holds its reverse relations);
+    ``table_maker``: the built-in model's tables (``TypedGNN``'s ``tables``) instead of where ``plan_tables``
+    puts them (a partitioned run's, of its part's rows)."""
     link = config.task == "link"  # a relation's edges (train/link_task.py's typed_link_graph)
     warnings = check_learnable(graph, not link)
     if samplers is None:
@@ -92,7 +94,7 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
             model = TypedGNN(config.model, TypedSpec.of(graph), config.hidden,
                              config.hidden if link else graph.num_classes, sampler.num_layers,
                              dropout=config.dropout, heads=config.heads, num_bases=options.num_bases,
-                             embed_dim=options.embed_dim, tables=tables.maker)
+                             embed_dim=options.embed_dim, tables=table_maker or tables.maker)
         except ValueError as exc:
             raise ConfigError(f"{graph.name}: {exc}.") from None
         if link:  # the typed GNN's rows of the relation's two end types are the embeddings a link head scores

@@ -27,6 +27,7 @@ from neutronorch.errors import ConfigError
 from neutronorch.observe import Spans, Utilisation
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.batch import MiniBatch
+from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.factory import Threads
 from neutronorch.orchestration.remote_rows import RemoteRows
 from neutronorch.orchestration.seeds import NodeSeeds
@@ -41,10 +42,12 @@ from neutronorch.train.part_checkpoint import attach_checkpoints
 from neutronorch.train.part_eval import PartEvaluation
 from neutronorch.train.part_exchange import GlooExchange
 from neutronorch.train.part_mode import PartitionedMode
+from neutronorch.train.part_tables import PartTables, check_storage
 from neutronorch.train.run import Run
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import MetricLog
 from neutronorch.train.task import Task
+from neutronorch.train.typed_tables import TypedTables
 
 logger = logging.getLogger("neutronorch")
 
@@ -138,8 +141,8 @@ class PartTypedEvaluation(PartEvaluation):
     fanouts and the one key of a full-copy typed run's evaluation (``evaluate.typed_logits``), so that each
     vertex's logits are the full-copy run's (to float-sum order); scored as ``PartEvaluation`` scores them."""
 
-    def __init__(self, part: TypedPartition, exchange, world: World):
-        self.part, self.world = part, world
+    def __init__(self, part: TypedPartition, exchange, world: World, tables: PartTables):
+        self.part, self.world, self.tables = part, world, tables
         self.fetcher = TypedRemoteRows(part, exchange)
 
     @property
@@ -160,12 +163,31 @@ class PartTypedEvaluation(PartEvaluation):
             chunk = mine[start:start + chunk_size]
             subgraph = sampler.sample(chunk, inference_key(config.seed))
             features = {t: rows.to(device) for t, rows in self.fetcher.rows(subgraph.input_nodes).items()}
+            self.tables.fetch(subgraph.input_nodes, self.fetcher.exchange, grad=False)
             if chunk.shape[0]:
                 ids = {t: v.to(device) for t, v in subgraph.input_nodes.items()}
                 outputs.append(model([b.to(device) for b in subgraph.blocks], features, ids).float().cpu())
             if progress is not None:
                 progress(0, min(mine.shape[0], start + chunk_size), mine.shape[0])
         return torch.cat(outputs)
+
+
+class TypedPartMode(PartitionedMode):
+    """``PartitionedMode`` of a typed graph's part whose embedding tables are split by owner: before each step
+    the batch's table rows are fetched from their owners; in one process, after the backward, their gradient
+    rows become the tables' (several ranks: ``GradientSync`` reduces them, ``PartTables.reduce``)."""
+
+    def __init__(self, tables: PartTables, world: World, *args):
+        super().__init__(world, *args)
+        self.tables, self.alone = tables, not world.distributed
+
+    def step_inputs(self, batch: MiniBatch) -> StepInputs:
+        self.tables.fetch(batch.ids)
+        return super().step_inputs(batch)
+
+    def before_step(self, batch: MiniBatch) -> None:
+        if self.alone:
+            self.tables.own_gradients()
 
 
 def check_typed_request(config: TrainConfig) -> None:
@@ -177,6 +199,7 @@ def check_typed_request(config: TrainConfig) -> None:
         raise ConfigError(f"{', '.join(given)}: a typed graph's parts train a node task in exact mode, on rows as "
                           f"written, so far (docs/distributed.md, \"Typed graphs on parts\"). Leave it out, or train "
                           f"the typed graph whole (`dataset`).")
+    check_storage(config)
 
 
 def build_typed_part_run(config: TrainConfig, part: TypedPartition, device: torch.device, threads: Threads,
@@ -194,24 +217,36 @@ def build_typed_part_run(config: TrainConfig, part: TypedPartition, device: torc
         sampling_exchange = GlooExchange.new(world, "the partitioned sampling's exchange")
         stack.callback(sampling_exchange.close)  # after the mode's close (its producer thread stopped)
         evaluation_exchange = GlooExchange(world, what="the partitioned evaluation's exchange")
+        tables_exchange = GlooExchange(world, what="the embedding tables' exchange")  # the training thread's
     else:
-        sampling_exchange, evaluation_exchange = ThreadExchange.group(1)[0], ThreadExchange.group(1)[0]
-    built = typed_model(config, graph, device, None, options, stack,
+        sampling_exchange, evaluation_exchange, tables_exchange = (ThreadExchange.group(1)[0] for _ in range(3))
+    config.embedding_storage = "memory"  # each rank's rows of the tables (mmap is refused on parts)
+    tables = PartTables(part, tables_exchange)
+    built = typed_model(config, graph, device, None, options, stack, table_maker=tables.maker(),
                         samplers=lambda fanouts: PartitionedTypedSampler(part, evaluation_exchange, fanouts))
     model, fanouts = built.model, built.typed.sampler.fanouts
+    tables.attach(model)
+    built.typed.tables = TypedTables("memory", "split by owner on the parts", tables.shapes(), fill=False)
+    if tables.tables:
+        logger.info(f"embedding tables split by owner: this rank holds {sum(r for r, _ in tables.shapes().values()):,} "
+                    f"of their {sum(part.num_nodes[t] for t in tables.tables):,} rows, "
+                    f"{built.typed.tables.nbytes / 2**20:.1f} MiB with both moments")
     if config.batch_size == 0:
         config.batch_size = auto_batch_size(len(graph.train_idx))
     task = Task.of(graph, config.metric)
     if world.distributed:
-        world.broadcast_module(model, "the initial weights' broadcast")
+        owned = [t.weight for t in tables.tables.values()]  # each rank's rows of the tables: its own
+        world.broadcast_module(model, "the initial weights' broadcast",
+                               keep=frozenset(n for n, p in model.named_parameters() if any(p is w for w in owned)))
     spans = Spans()
     sampling = dataclasses.replace(config.sampling, rank=world.rank, world=world.size)
     access = FeatureAccess(device, None, None, None, None, None, graph)
     loader = TypedPartLoader(access, TypedRemoteRows(part, sampling_exchange), spans)
     seeds = NodeSeeds(graph, sampling, part.part_of[part.target])  # each global batch dealt by owner
-    mode = PartitionedMode(world, evaluation_exchange, seeds,
-                           lambda: PartitionedTypedSampler(part, sampling_exchange, fanouts), loader, sampling, spans,
-                           threads.sampler)
+    mode = TypedPartMode(tables, world, evaluation_exchange, seeds,
+                         lambda: PartitionedTypedSampler(part, sampling_exchange, fanouts), loader, sampling, spans,
+                         threads.sampler)
+    mode.traffic.lanes["tables"] = tables_exchange
     stack.callback(mode.close)
     logger.info(f"partitioned: {world.describe()}; batch size {config.batch_size} per rank, "
                 f"{config.batch_size * world.size} per global batch, {mode.num_batches} global batches per epoch")
@@ -226,9 +261,10 @@ def build_typed_part_run(config: TrainConfig, part: TypedPartition, device: torc
     run = Run(config, graph, device, threads, model, built.optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
               util, metrics, task, data_seconds=data_seconds, world=world, typed=built.typed, stop=stop,
               health=Health(task.constant_losses(graph.labels[graph.train_idx]), built.warnings))
-    run.partitioned = PartTypedEvaluation(part, evaluation_exchange, world)
+    run.partitioned = PartTypedEvaluation(part, evaluation_exchange, world, tables)
     if world.distributed:
-        run.sync = GradientSync(world, built.dense, stop, mode.averaged_gradients, built.tables)
+        run.sync = GradientSync(world, built.dense, stop, mode.averaged_gradients,
+                                tables.reduce if tables.tables else ())
         run.stop = run.sync.agreed  # every rank stops after the same step
     attach_checkpoints(run, part, world, dataset_fingerprint(graph), TYPED)
     return run

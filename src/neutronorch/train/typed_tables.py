@@ -125,12 +125,17 @@ def draw_like_embedding(weight: torch.Tensor) -> None:
     last 16 values again from 16 more uniforms when the count is not a multiple of 16: chunks of a multiple
     of 16 values, the last of at least 16, draw exactly what one call draws, and leave the generator where it
     leaves it."""
-    rows, width = weight.shape
+    for start, end in drawn_chunks(*weight.shape):
+        weight[start:end].normal_()
+
+
+def drawn_chunks(rows: int, width: int):
+    """The (start, end) rows of each chunk ``draw_like_embedding`` draws a (rows, width) table in."""
     step = max(16, (CHUNK_BYTES // max(1, 4 * width)) // 16 * 16)  # rows: a multiple of 16 values
     start = 0
     while start < rows:
         end = rows if rows - start < 2 * step else start + step  # the last chunk: at least `step` rows
-        weight[start:end].normal_()
+        yield start, end
         start = end
 
 
