@@ -88,7 +88,8 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
         except ModelProtocolError as exc:
             raise ConfigError(f"`model`: {exc}.") from None
         config.embedding_storage = "memory"  # no built-in model's tables to plan: your module's are its own
-    tables = stack.enter_context(plan_tables(config, graph, sampler.num_layers, options.embed_dim, device))
+    tables = (stack.enter_context(plan_tables(config, graph, sampler.num_layers, options.embed_dim, device))
+              if table_maker is None else None)  # a partitioned run's own
     if user_model is None:
         try:
             model = TypedGNN(config.model, TypedSpec.of(graph), config.hidden,
@@ -115,7 +116,7 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
     # ops; a torch.optim.Optimizer, whose import of torch._dynamo takes seconds: made only when needed).
     sparse = None
     if embeddings and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in embeddings):
-        sparse = RowAdam(embeddings, lr=table_lr, moments=tables.moments)  # None for tables in memory
+        sparse = RowAdam(embeddings, lr=table_lr, moments=tables and tables.moments)  # None: tables in memory
     elif embeddings:
         sparse = torch.optim.SparseAdam(embeddings, lr=table_lr)
     parameters = {"dense": sum(p.numel() for p in dense), "embedding": sum(p.numel() for p in embeddings)}
