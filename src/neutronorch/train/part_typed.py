@@ -29,7 +29,7 @@ from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.batch import MiniBatch
 from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.factory import Threads
-from neutronorch.orchestration.remote_rows import RemoteRows
+from neutronorch.orchestration.remote_rows import PartitionedLoader, RemoteRows
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.exchange import ThreadExchange
 from neutronorch.sampling.partitioned_typed import PartitionedTypedSampler
@@ -111,12 +111,9 @@ class TypedRemoteRows:
         return out
 
 
-class TypedPartLoader:
+class TypedPartLoader(PartitionedLoader):
     """A typed mini-batch's rows fetched from their owners (``TypedRemoteRows``), its seeds' labels read from
-    the part (a partitioned run's seeds are its own)."""
-
-    def __init__(self, access: FeatureAccess, fetcher: TypedRemoteRows, spans: Spans):
-        self.access, self.fetcher, self.spans = access, fetcher, spans
+    the part (a partitioned run's seeds are its own); the rest as ``PartitionedLoader``."""
 
     def load(self, epoch: int, index: int, subgraph, make=None, targets=None) -> MiniBatch:
         part = self.fetcher.part
@@ -125,15 +122,6 @@ class TypedPartLoader:
             seeds = subgraph.seeds.numpy()
             labels = torch.from_numpy(np.asarray(part.labels[part.local(part.target, seeds)], dtype=np.int64))
             return (make or MiniBatch)(epoch, index, subgraph, features, labels)
-
-    def start(self, model) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def summary(self) -> dict:
-        return {}
 
 
 class PartTypedEvaluation(PartEvaluation):
