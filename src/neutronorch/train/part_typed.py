@@ -1,9 +1,9 @@
 """``train --partitions DIR`` on a typed graph's partition (docs/distributed.md, "Typed graphs on parts"): rank r
 loads part r (``data/typed_parts.py``), trains the target's training vertices of each global batch that its part
 owns, sampled across the parts with the global batch's key (``sampling/partitioned_typed.py``), each featured
-type's input rows fetched from their owners (``TypedRemoteRows``). The relational model, its embedding tables
-(the featureless types', whole on every rank, their rows' gradients reduced as a full-copy run reduces them) and
-its optimizers are built as a full-copy typed run builds them (``heterogeneous.typed_model``). Evaluation samples
+type's input rows fetched from their owners (``TypedRemoteRows``). The relational model and its optimizers are
+built as a full-copy typed run builds them (``heterogeneous.typed_model``), its embedding tables (the featureless
+types') split by owner, each rank holding its part's rows (``part_tables.py``). Evaluation samples
 the validation and test vertices as a full-copy typed run does, each rank its own (``PartTypedEvaluation``).
 The target's labels (8 bytes a target vertex) are gathered whole once, for the checks and the loss's constants
 a full-copy run makes from them; everything else a rank holds is its part's."""
