@@ -25,7 +25,7 @@ import neutronorch
 from neutronorch.data import load_dataset
 from neutronorch.data.partition import assign, write_partition
 from neutronorch.data.partition_files import dealing_owners, load_partition
-from neutronorch.errors import ConfigError, TrainingError
+from neutronorch.errors import ConfigError, DataError, TrainingError
 from neutronorch.features.store import FeatureStore
 from neutronorch.nn.models import GNN
 from neutronorch.sampling.exchange import ThreadExchange
@@ -421,8 +421,10 @@ def test_the_command_line_keeps_a_partitioned_run_in_a_run_folder_named_after_th
 
 def test_a_world_size_other_than_the_part_count_is_refused(graph, tmp_path):
     folder = _partition(graph, tmp_path / "p2", 2, "random")
-    with pytest.raises(ConfigError, match="holds 2 parts, but the run has 1 ranks"):
+    with pytest.raises(ConfigError, match="holds 2 parts, but the run has 1 rank;"):
         neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), device="cpu", epochs=1))
+    with pytest.raises(DataError, match="a partition folder .*which `partitions` trains"):  # given as a dataset
+        neutronorch.train(neutronorch.TrainConfig(dataset=str(folder), device="cpu", epochs=1))
 
 
 def spawned(target, args: tuple, seconds: float, ranks: int = 2) -> None:

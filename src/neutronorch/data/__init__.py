@@ -81,6 +81,10 @@ def _load(spec: str, split: str | None, seed: int, split_index: int, progress) -
         if any(path.glob("ind.*.graph")):
             from neutronorch.data.planetoid import load_planetoid
             return _own_split(load_planetoid(path), split)
+        if (path / "partition.json").is_file():
+            raise DataError(f"{path}: a partition folder (`neutronorch partition`), which `partitions` trains, one rank "
+                            f"a part (docs/distributed.md, \"Partitioned training\"); `dataset` takes the graph it "
+                            f"was made from, or {DATASET_SPEC_HELP}.")
         raise DataError(f"{path}: directory holds neither meta.json (native format), ind.<name>.* files "
                         f"(Planetoid) nor raw/ (an OGB dataset). `dataset` takes {DATASET_SPEC_HELP}.")
     name = path.name.lower()

@@ -76,7 +76,8 @@ def read_manifest(folder: str | Path) -> dict:
 def check_world(manifest: dict, world_size: int, folder) -> None:
     """A run of ``world_size`` ranks takes a partition of as many parts: rank r loads part r."""
     if world_size != manifest["parts"]:
-        raise ConfigError(f"{folder}: holds {manifest['parts']} parts, but the run has {world_size} ranks; each rank "
+        ranks = f"{world_size} rank{'s' * (world_size != 1)}"
+        raise ConfigError(f"{folder}: holds {manifest['parts']} parts, but the run has {ranks}; each rank "
                           f"loads the part of its number. Launch {manifest['parts']} ranks, or partition the graph "
                           f"again with --parts {world_size}.")
 
