@@ -37,7 +37,8 @@ def compare_typed(parts: Path, summary: dict, target: float) -> list[str]:
     cuts = ", ".join(f"{r[1]} {c:.1%}" for r, c in inputs.cut.items())
     lines = [f"{parts}: {inputs.ranks} ranks, dealt by owner, fanouts {inputs.fanouts}, batch {inputs.batch_size} "
              f"per rank; cut per relation: {cuts}", "",
-             "| what | rank | sent | received | model | sent / model | received / model | one class: received / model |",
+             "| what | rank | sent | received | model | sent / model | received / model "
+             "| one class: received / model |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     worst, worst_lane = 0.0, {}
     for rank, measured in enumerate(summary["epochs"][0]["exchange"]):
@@ -103,15 +104,17 @@ def predict_typed(args, cuts: dict) -> list[str]:
     lines = ["", "IGBH-full as a typed graph (6 types, 12 relations with the reverses, 1,024 float32 features on "
                  "every type, one class a type, dealt by owner, sampled evaluation at the same fanouts); GB received "
                  "(= sent) per machine", "",
-             "| graph | machines | training GB | of which sampling / rows | evaluation GB | "
+             "| graph | machines | input rows a batch | training GB | of which sampling / rows | evaluation GB | "
              + " | ".join(f"train s, {g:g} Gbit/s" for g in args.network) + " | "
              + " | ".join(f"eval s, {g:g} Gbit/s" for g in args.network) + " |",
-             "|---|---:|---:|---|---:|" + "---:|" * (2 * len(args.network))]
+             "|---|---:|---:|---:|---|---:|" + "---:|" * (2 * len(args.network))]
     for machines, cut in cuts.items():
         inputs = igbh_inputs(machines, cut, fanouts, args.batch_size, args.hidden)
         train, evaluation = training_bytes(inputs, 0), evaluation_bytes(inputs, 0)
         rate = [g * 1e9 / 8 for g in args.network]
-        lines.append(f"| IGBH-full | {machines} | {train['total'] / 1e9:,.1f} | {train['sampling'] / 1e9:,.1f} / "
+        rows = sum(batch_bytes(inputs, 0, float(args.batch_size))["input_rows"].values())
+        lines.append(f"| IGBH-full | {machines} | {rows:,.0f} | {train['total'] / 1e9:,.1f} | "
+                     f"{train['sampling'] / 1e9:,.1f} / "
                      f"{train['rows'] / 1e9:,.1f} | {evaluation['total'] / 1e9:,.1f} | "
                      + " | ".join(f"{train['total'] / r:,.1f}" for r in rate) + " | "
                      + " | ".join(f"{evaluation['total'] / r:,.1f}" for r in rate) + " |")

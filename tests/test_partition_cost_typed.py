@@ -74,11 +74,11 @@ def measure(folder, parts: int, batches, fanouts, grads: bool = True) -> list[di
     return run_threads(rank, parts)
 
 
-def assert_near(measured: dict, model: dict, what: str) -> None:
+def assert_near(measured: dict, model: dict, what: str, tolerance: float = TOLERANCE) -> None:
     for lane in ("sampling", "tables"):
         for direction in ("sent_bytes", "received_bytes"):
             ratio = measured[lane][direction] / model[f"lane_{lane}"]
-            assert abs(ratio - 1) < TOLERANCE, (what, lane, direction, ratio, measured, model)
+            assert abs(ratio - 1) < tolerance, (what, lane, direction, ratio, measured, model)
 
 
 def test_an_epochs_bytes_per_lane_are_the_models(folder):
@@ -109,7 +109,7 @@ def test_the_sampled_evaluations_bytes_are_the_models(folder):
     for r in range(2):
         model = evaluation_bytes(inputs, r)
         measured[r]["sampling"] = {d: v + 8 for d, v in measured[r]["sampling"].items()}  # the chunk counts' swap
-        assert_near(measured[r], model, f"evaluation, rank {r}")
+        assert_near(measured[r], model, f"evaluation, rank {r}", 0.08)  # a few chunks: more spread
 
 
 def test_a_batch_without_seeds_costs_its_headers_sizes_and_weights_exactly(folder):
