@@ -202,6 +202,9 @@ def main() -> int:
     if args.hot_ratio is not None and len(args.hot_ratio) != 1:
         parser.error(f"--hot-ratio {args.hot_ratio}: a run takes one ratio; give one value")
     args.hot_ratio = None if args.hot_ratio is None else args.hot_ratio[0]
+    if not (args.partitions / "partition.json").is_file():
+        parser.error(f"--partitions {args.partitions}: no partition.json there; give a folder `neutronorch "
+                     f"partition` wrote")
     if is_typed(args.partitions) and (args.hot_ratio is not None or args.dealing != "owner"):
         parser.error(f"{args.partitions}: a typed graph's parts train in exact mode, dealt by owner; leave out "
                      f"--hot-ratio and --dealing")

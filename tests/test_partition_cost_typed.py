@@ -125,7 +125,12 @@ def test_a_batch_without_seeds_costs_its_headers_sizes_and_weights_exactly(folde
 def test_the_inputs_refuse_what_they_cannot_model(folder, tmp_path):
     given = dict(num_nodes={"a": 10}, relations={("a", "to", "a"): 30}, target="a", train=5, eval_nodes=5, ranks=2,
                  fanouts=(2,), batch_size=4, feature_dims={"a": 4}, cut={("a", "to", "a"): 0.5})
-    assert training_bytes(TypedCostInputs(**given), 0)["total"] > 0
+    whole = training_bytes(TypedCostInputs(**given), 0)
+    half = training_bytes(TypedCostInputs(**given, feature_bytes={"a": 2}), 0)  # float16 rows
+    fixed = fixed_bytes(TypedCostInputs(**given), 1)["rows"]
+    assert whole["total"] > 0 and half["sampling"] == whole["sampling"]
+    # a remote row's 8-byte id and 4 features of 2 bytes, not 4
+    assert (half["rows"] - fixed) / (whole["rows"] - fixed) == pytest.approx((8 + 4 * 2) / (8 + 4 * 4))
     with pytest.raises(ConfigError, match="target"):
         TypedCostInputs(**{**given, "target": "b"})
     with pytest.raises(ConfigError, match="cut"):

@@ -59,8 +59,9 @@ class TypedCostInputs:
     ``part_cut``), the target's training and evaluated vertices, ``ranks``, ``fanouts`` (every relation's, the
     seeds' hop first), ``batch_size`` seeds per rank and batch, and ``eval_fanouts`` / ``eval_batch_size`` of
     the sampled evaluation. ``part_nodes`` (per part, per type), ``part_train``, ``part_eval``: else equal
-    shares. ``classes``: per type its ``TypeClasses``, else one class at the mean degrees. Seeds are dealt by
-    owner, as a typed graph's parts deal them."""
+    shares. ``classes``: per type its ``TypeClasses``, else one class at the mean degrees. ``feature_bytes``:
+    the bytes of a feature, for every type or per type. Seeds are dealt by owner, as a typed graph's parts deal
+    them."""
 
     num_nodes: dict
     relations: dict
@@ -72,7 +73,7 @@ class TypedCostInputs:
     batch_size: int
     feature_dims: dict
     cut: dict
-    feature_bytes: int = 4
+    feature_bytes: int | dict = 4
     hidden: int = 64
     table_width: int | None = None
     tables: bool = True
@@ -120,6 +121,11 @@ class TypedCostInputs:
         target = node_type == self.target
         return TypeClasses.uniform(self.num_nodes[node_type], ins, outs, self.train if target else 0,
                                    self.eval_nodes if target else 0)
+
+    def row_bytes(self, node_type: str) -> int:
+        """The bytes of one of ``node_type``'s features (``feature_bytes``: one for every type, or per type)."""
+        given = self.feature_bytes
+        return int(given.get(node_type, 4)) if isinstance(given, dict) else int(given)
 
     @property
     def table_types(self) -> list[str]:
@@ -227,7 +233,7 @@ def batch_bytes(inputs: TypedCostInputs, rank: int, seeds: float, evaluated: boo
         sampling += hop["ids"] * ID_BYTES + hop["counts"] * COUNT_BYTES + hop["draws"] * ID_BYTES
     frontier = {t: walk.counts(t) for t in walk.types}
     width = (inputs.table_width or inputs.hidden) * FLOAT_BYTES
-    rows = sum(frontier[t][1] * (ID_BYTES + inputs.feature_dims[t] * inputs.feature_bytes)
+    rows = sum(frontier[t][1] * (ID_BYTES + inputs.feature_dims[t] * inputs.row_bytes(t))
                for t in walk.types if inputs.feature_dims.get(t))
     tables = sum(frontier[t][1] * (ID_BYTES + width) for t in inputs.table_types) * (1 if evaluated else 2)
     fixed = fixed_bytes(inputs, len(fanouts), evaluated)
@@ -329,6 +335,8 @@ def of_typed_partition(folder, fanouts, batch_size: int, hidden: int = 64, **opt
     values = dict(num_nodes=num_nodes, relations=whole, target=target, train=int(splits["train"].shape[0]),
                   eval_nodes=int(evaluated.shape[0]), ranks=k, fanouts=tuple(fanouts), batch_size=batch_size,
                   feature_dims={t: int(graph["feature_dims"].get(t, 0)) for t in num_nodes},
+                  feature_bytes={t: np.dtype(d).itemsize if d != "bfloat16" else 2
+                                 for t, d in graph.get("feature_dtype", {}).items()},
                   cut={r: sum(c[r] for c in cut_edges) / max(1, whole[r]) for r in relations}, hidden=hidden,
                   classes=classes, part_cut=tuple({r: c[r] / max(1, e[r]) for r in relations}
                                                   for c, e in zip(cut_edges, edges)),
