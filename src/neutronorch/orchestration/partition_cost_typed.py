@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neutronorch.data.relation import RelationType
 from neutronorch.data.typed import reverse_relation
 from neutronorch.errors import ConfigError
 from neutronorch.orchestration.partition_cost import (COUNT_BYTES, FLOAT_BYTES, ID_BYTES, degree_classes,
@@ -28,7 +29,6 @@ from neutronorch.orchestration.partition_cost import (COUNT_BYTES, FLOAT_BYTES, 
 from neutronorch.sampling.exchange import SIZE_BYTES
 from neutronorch.sampling.partitioned_typed import HEADER
 
-Relation = tuple[str, str, str]
 LANES = ("sampling", "rows", "tables")  # the run's lanes: "sampling" holds the model's sampling and rows
 
 
@@ -110,7 +110,7 @@ class TypedCostInputs:
             return float(self.part_nodes[rank][node_type])
         return self.num_nodes[node_type] / self.ranks
 
-    def cut_of(self, relation: Relation, rank: int) -> float:
+    def cut_of(self, relation: RelationType, rank: int) -> float:
         return float(self.part_cut[rank][relation]) if self.part_cut is not None else self.cut[relation]
 
     def classes_of(self, node_type: str) -> TypeClasses:
@@ -165,7 +165,7 @@ class TypedWalk:
         return (float((sum(self.own[node_type]) * self.own_pool[node_type]).sum()),
                 float((sum(self.remote[node_type]) * self.remote_pool[node_type]).sum()))
 
-    def draws(self, relation: Relation, fanout: int) -> np.ndarray:
+    def draws(self, relation: RelationType, fanout: int) -> np.ndarray:
         ins = self.classes[relation[2]].in_deg[relation]
         return ins if fanout < 0 else np.minimum(ins, fanout)
 
