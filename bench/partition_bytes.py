@@ -4,7 +4,7 @@ against the bytes a run measured, per rank: training (sampling and rows) in the 
     python bench/partition_bytes.py --partitions PARTS                 # runs K ranks (torchrun), one epoch
     python bench/partition_bytes.py --partitions PARTS --hot-ratio 0.2    # NeutronOrch mode, bytes per lane
     python bench/partition_bytes.py --partitions PARTS --summary run.json   # reads a run's summary instead
-    python bench/partition_bytes.py --predict                          # ogbn-papers100M and IGB-full
+    python bench/partition_bytes.py --predict                          # ogbn-papers100M, IGB-full, IGBH-full
 
 A run is ``torchrun --standalone --nproc-per-node K -m neutronorch train --partitions PARTS`` with one epoch,
 ``--threads 1 --sampler-threads 1``; its summary's epoch record holds every rank's bytes, its ``exchange`` rank
@@ -13,9 +13,10 @@ once with the degree classes of the parts' in-edges and once with every vertex a
 class``), and the table gives measured / model. With ``--hot-ratio R`` the run is NeutronOrch mode at that ratio
 (``--mode neutronorch``, no evaluation) and the table gives each rank's bytes per lane (plan, cold, host,
 gradient) against ``partition_cost_hot.py``'s, with the plan's hot, computed and reached vertices and reuse.
-``--predict`` prints the model's bytes, seconds and memory per
-machine for the two large graphs at 4, 16 and 64 machines, under the assumptions in docs/distributed.md
-("Cost model")."""
+A typed graph's folder (exact mode, dealt by owner) is checked per lane of its run (sampling and rows; the
+embedding tables') against ``partition_cost_typed.py``'s (``partition_bytes_typed.py``). ``--predict`` prints
+the model's bytes, seconds and memory per machine for the two large graphs at 4, 16 and 64 machines, and
+IGBH-full's bytes and seconds as a typed graph, under the assumptions in docs/distributed.md ("Cost model")."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from common import OUT
+from partition_bytes_typed import compare_typed, is_typed, predict_typed
 
 from neutronorch.orchestration.partition_cost import (DEALINGS, CostInputs, Degrees, epoch_seconds,
                                                       evaluation_bytes, frontier, machine_memory, of_partition,
@@ -43,7 +45,7 @@ def run(parts: Path, ranks: int, args, summary: Path) -> dict:
                "-m", "neutronorch", "train", "--partitions", str(parts), "--fanouts", args.fanouts,
                "--batch-size", str(args.batch_size), "--hidden", str(args.hidden), "--epochs", "1",
                "--threads", "1", "--sampler-threads", "1", "--no-progress", "--no-stage-table", "--device", "cpu",
-               "--no-save", "--summary-json", str(summary)]
+               "--no-save", "--summary-json", str(summary), "--overwrite"]  # the bench's own output, run again
     if args.hot_ratio is not None:
         command += ["--mode", "neutronorch", "--hot-ratio", str(args.hot_ratio), "--super-batch",
                     str(args.super_batch), "--eval-every", "-1"]
@@ -55,6 +57,8 @@ def run(parts: Path, ranks: int, args, summary: Path) -> dict:
 
 def compare(parts: Path, summary: dict, dealing: str) -> list[str]:
     config = summary["config"]
+    if is_typed(parts):
+        return compare_typed(parts, summary, TARGET)
     if config["mode"] == "neutronorch":
         return compare_lanes(parts, summary, dealing)
     inputs = of_partition(parts, [int(f) for f in config["fanouts"]], int(config["batch_size"]),
@@ -171,7 +175,7 @@ def predict(args) -> list[str]:
                                  f"{evaluation / 1e9:,.1f} | {machine_memory(inputs)['total'] / 1e9:,.1f} | "
                                  + " | ".join(f"{t['train_network']:,.1f}" for t in times) + " | "
                                  + " | ".join(f"{t['eval_network']:,.1f}" for t in times) + f" | {disk:,.0f} |")
-    return lines
+    return lines + predict_typed(args, ASSUMED_CUT)
 
 
 def main() -> int:
@@ -198,6 +202,12 @@ def main() -> int:
     if args.hot_ratio is not None and len(args.hot_ratio) != 1:
         parser.error(f"--hot-ratio {args.hot_ratio}: a run takes one ratio; give one value")
     args.hot_ratio = None if args.hot_ratio is None else args.hot_ratio[0]
+    if not (args.partitions / "partition.json").is_file():
+        parser.error(f"--partitions {args.partitions}: no partition.json there; give a folder `neutronorch "
+                     f"partition` wrote")
+    if is_typed(args.partitions) and (args.hot_ratio is not None or args.dealing != "owner"):
+        parser.error(f"{args.partitions}: a typed graph's parts train in exact mode, dealt by owner; leave out "
+                     f"--hot-ratio and --dealing")
     if args.summary is not None:
         summary = json.loads(args.summary.read_text())
     else:

@@ -130,11 +130,7 @@ class TypedGraph(GraphCommon):
     def reverse_of(self, relation: RelationType) -> RelationType | None:
         """The relation stored as ``relation``'s reverse, by name: ``(dst, rev_NAME, src)``, or for a
         ``rev_NAME`` relation ``(dst, NAME, src)``; None when there is none."""
-        src, name, dst = relation
-        candidates = [(dst, REVERSE_PREFIX + name, src)]
-        if name.startswith(REVERSE_PREFIX):
-            candidates.append((dst, name[len(REVERSE_PREFIX):], src))
-        return next((c for c in candidates if c in self.relations), None)
+        return reverse_relation(relation, self.relations)
 
     def with_reverse(self) -> "TypedGraph":
         """A graph (sharing this one's arrays) that also holds ``(dst, rev_NAME, src)``, a CSC transpose with
@@ -230,3 +226,13 @@ def collapse(graph: TypedGraph) -> Graph:
                              f"{len(graph.relations)} relations collapsed into one (types ignored)"],
                       metric=graph.metric)
     return collapsed.validate(collapsed.name)
+
+
+def reverse_relation(relation: RelationType, relations) -> RelationType | None:
+    """The relation among ``relations`` stored as ``relation``'s reverse, by name: ``(dst, rev_NAME, src)``,
+    or for a ``rev_NAME`` relation ``(dst, NAME, src)``; None when there is none."""
+    src, name, dst = relation
+    candidates = [(dst, REVERSE_PREFIX + name, src)]
+    if name.startswith(REVERSE_PREFIX):
+        candidates.append((dst, name[len(REVERSE_PREFIX):], src))
+    return next((c for c in candidates if c in relations), None)

@@ -48,12 +48,28 @@ class Degrees:
     def of(cls, in_deg: np.ndarray, out_deg: np.ndarray, train_idx: np.ndarray) -> "Degrees":
         """The classes of a graph whose vertex v has ``in_deg[v]``, ``out_deg[v]``; ``train_idx`` its training
         vertices."""
-        width = int(out_deg.max(initial=0)) + 1
-        keys = np.asarray(in_deg, np.int64) * width + np.asarray(out_deg, np.int64)
-        classes, inverse, count = np.unique(keys, return_inverse=True, return_counts=True)
-        train = np.bincount(inverse[np.asarray(train_idx, np.int64)], minlength=classes.shape[0])
-        return cls((classes // width).astype(float), (classes % width).astype(float), count.astype(float),
-                   train.astype(float))
+        (ins, outs), count, (train,) = degree_classes([in_deg, out_deg], [train_idx])
+        return cls(ins, outs, count, train)
+
+
+def degree_classes(columns: list[np.ndarray], members: list[np.ndarray]
+                   ) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray]]:
+    """The classes of vertices of one degree vector (vertex v's: ``column[v]`` of each of ``columns``), in
+    ascending order of the vectors: each column's value per class, the vertices per class, and per array of
+    ``members`` (vertex ids) how many of them each class holds; all as floats."""
+    table = np.stack([np.asarray(c, np.int64) for c in columns], axis=1)
+    if table.shape[0] == 0:
+        return [np.zeros(0) for _ in columns], np.zeros(0), [np.zeros(0) for _ in members]
+    widths = table.max(axis=0) + 1
+    if float(np.prod(widths.astype(float))) < 2.0**62:  # one int64 key per vertex: a faster unique than by rows
+        keys = np.ravel_multi_index(tuple(table.T), tuple(int(w) for w in widths))
+        first, inverse, count = np.unique(keys, return_index=True, return_inverse=True, return_counts=True)[1:]
+        classes = table[first]
+    else:
+        classes, inverse, count = np.unique(table, axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    held = [np.bincount(inverse[np.asarray(m, np.int64)], minlength=classes.shape[0]).astype(float) for m in members]
+    return [classes[:, i].astype(float) for i in range(table.shape[1])], count.astype(float), held
 
 
 @dataclass(frozen=True)
