@@ -79,12 +79,11 @@ def test_typed_options_apply_on_the_parts_and_are_refused_on_a_homogeneous_folde
 
 
 @pytest.mark.parametrize("settings, message", [
-    (dict(task="link"), "task"), (dict(mode="neutronorch"), "mode"), (dict(normalize_features="row"),
-                                                                      "normalize_features"),
+    (dict(mode="neutronorch"), "mode"), (dict(normalize_features="row"), "normalize_features"),
 ])
 def test_what_a_typed_graphs_parts_cannot_train_yet_is_refused_with_the_reason(tmp_path, settings, message):
     folder = _partition(typed_graph(), tmp_path / "p1", 1)
-    with pytest.raises(ConfigError, match=f"{message}.*typed graph's parts train a node task in exact mode"):
+    with pytest.raises(ConfigError, match=f"{message}.*typed graph's parts train in exact mode"):
         neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), **dict(SETTINGS, epochs=1), **settings))
     assert not (tmp_path / "runs").exists()
 

@@ -170,12 +170,12 @@ class PartTypedEvaluation(PartEvaluation):
 
 def check_typed_request(config: TrainConfig) -> None:
     """What a typed partition's run refuses beyond what any partitioned run refuses, with the reason."""
-    refused = {"task": config.task == "link", "mode": config.mode not in TYPED_PARTITIONED_MODES,
+    refused = {"mode": config.mode not in TYPED_PARTITIONED_MODES,
                "normalize_features": config.normalize_features != "none"}
     given = [name for name, bad in refused.items() if bad]
-    if given:
-        raise ConfigError(f"{', '.join(given)}: a typed graph's parts train a node task in exact mode, on rows as "
-                          f"written, so far (docs/distributed.md, \"Typed graphs on parts\"). Leave it out, or train "
+    if given:  # the task is the folder's (``part_links.check_task``)
+        raise ConfigError(f"{', '.join(given)}: a typed graph's parts train in exact mode, on rows as written, "
+                          f"so far (docs/distributed.md, \"Typed graphs on parts\"). Leave it out, or train "
                           f"the typed graph whole (`dataset`).")
 
 
