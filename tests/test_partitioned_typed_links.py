@@ -1,12 +1,13 @@
 """A typed graph's link task on its parts: `neutronorch partition TYPED --split edges:T,V --link-relation REL`
 writes the message-passing graph and split a full-copy typed link run makes, with its input statistics; one part
-in one process trains and evaluates as the full copy bit for bit; a full-copy run deals its seed edges by the
+in one process trains, evaluates and resumes as the full copy bit for bit; a full-copy run deals its seed edges by the
 owners of their sources (`deal_by`); two gloo ranks give the step losses of that full-copy run bit for bit and
 its metrics; what cannot match is refused with the reason."""
 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +21,13 @@ from neutronorch.data.links import row_statistics
 from neutronorch.data.partition_files import load_partition, read_manifest
 from neutronorch.data.partition_typed import assign_typed, write_typed_partition
 from neutronorch.data.typed_parts import split_typed
-from neutronorch.errors import ConfigError
+from neutronorch.errors import ConfigError, Interrupted
 from neutronorch.orchestration.factory import build_mode
 from neutronorch.train.link_task import split_typed_relation, typed_link_graph
 from test_partitioned_training import _env, _step_losses, spawned
 
 SPLIT, RELATION, SEED = "edges:0.8,0.1", "writes", 5
-SETTINGS = dict(task="link", link_relation=RELATION, model="rgcn", hidden=16, fanouts=[4, 3], batch_size=48,
+SETTINGS = dict(task="link", link_relation=RELATION, model="rgcn", hidden=16, fanouts=[4, 3], batch_size=96,
                 threads=1, sampler_threads=1, device="cpu", eval_negatives=20, dropout=0.2, seed=SEED, log_every=1,
                 eval_batch_size=100)
 
@@ -73,17 +74,23 @@ def test_the_command_line_writes_the_graph_and_split_a_typed_link_run_makes(tmp_
     assert "names a typed graph's relation" in capsys.readouterr().err and not plain.exists()
 
 
-def test_one_part_in_one_process_trains_and_scores_as_the_full_copy(tmp_path):
+def test_one_part_in_one_process_trains_scores_and_resumes_as_the_full_copy(tmp_path):
     folder = _partition(tmp_path / "p1", 1)
     settings = dict(SETTINGS, epochs=2)
     whole = neutronorch.train(neutronorch.TrainConfig(split=SPLIT, log_jsonl=str(tmp_path / "a.jsonl"), **settings),
                               graph=typed_graph())
-    parted = neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), log_jsonl=str(tmp_path / "b.jsonl"),
-                                                       **settings))
+    parted = lambda resume=False, **given: neutronorch.train(neutronorch.TrainConfig(  # noqa: E731
+        partitions=str(folder), log_jsonl=str(tmp_path / "b.jsonl"), checkpoint_dir=str(tmp_path / "ck"),
+        resume=resume, **settings), **given)
+    stop = threading.Event()
+    with pytest.raises(Interrupted):  # stopped in epoch 1 after its step 3, then resumed
+        parted(progress=lambda epoch, done, total: epoch == 1 and done == 3 and stop.set(), stop=stop)
+    resumed = parted(resume=True)
     losses = _step_losses(tmp_path / "a.jsonl")
     assert len(losses) > 4 and _step_losses(tmp_path / "b.jsonl") == losses  # bit for bit
-    _same_metrics(parted, whole)
-    assert parted["model"]["parameters"] == whole["model"]["parameters"]
+    assert resumed["epochs"][-1]["resumed_at_step"] == 3
+    _same_metrics({"epochs": resumed["epochs"][-1:]}, {"epochs": whole["epochs"][-1:]})
+    assert resumed["model"]["parameters"] == whole["model"]["parameters"]
 
 
 def _same_metrics(got: dict, expected: dict) -> None:
