@@ -67,7 +67,11 @@ def test_the_command_line_writes_the_graph_and_split_a_typed_link_run_makes(tmp_
     counts = np.bincount(np.asarray(parts[0].part_of["author"])[sources], minlength=2)
     assert counts.max() / counts.mean() < 1.1, counts
     capsys.readouterr()
-    assert main(["info", str(out)]) == 0 and json.loads(capsys.readouterr().out)["checksums"]["state"] == "ok"
+    assert main(["info", str(out)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["checksums"]["state"] == "ok" and info["links"]["relation"] == ["author", "writes", "paper"]
+    assert [p["train_links"] for p in info["per_part"]] == counts.tolist()
+    assert info["balance_max_over_mean"]["train_links"] == round(counts.max() / counts.mean(), 4)
     plain = tmp_path / "plain"
     assert main(["partition", "synthetic:nodes=300", "--parts", "2", "--out", str(plain), "--link-relation",
                  RELATION]) == 2

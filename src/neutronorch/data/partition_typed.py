@@ -168,6 +168,11 @@ def write_typed_partition(graph: TypedGraph, assigned: tuple[Owners, list[str]],
                 edges += mine.num_edges
             entry = {"part": k, "nodes": {t: int(owned[t][k].shape[0]) for t in graph.num_nodes}, "edges": edges,
                      "cut_edges": int(cut[k])}
+            if graph.links is not None:  # the training positives this part's rank trains (by their source)
+                ends = graph.links.ends
+                src = ends.relation[0]
+                sources = np.asarray(graph.links.train[0], dtype=np.int64) - ends.offsets[src]
+                entry["train_links"] = int(np.count_nonzero(owners[src][sources] == k))
             for split, ids in split_of.items():
                 mine = ids[owners[target][ids] == k]
                 saved(folder, f"{sub}/{split}.npy", mine)

@@ -137,17 +137,20 @@ def typed_link_owners(folder: str | Path, world_size: int, ends: LinkEnds, link_
 
 def typed_summary(folder, manifest: dict) -> dict:
     """``partition_summary`` of a typed graph's folder: per part its vertices per type, in-edges, training,
-    validation and test vertices and cut edges; their balance (largest over mean: vertices of each type,
-    in-edges, training vertices), the edge cut and the checksums' state (every file read once)."""
+    validation and test vertices (and a link split's training edges by source) and cut edges; their balance
+    (largest over mean: vertices of each type, in-edges, training vertices or edges), a link split's form and
+    relation, the edge cut and the checksums' state (every file read once)."""
     stats, parts, graph = manifest["part_stats"], manifest["parts"], manifest["graph"]
     per_type = [{f"{t} vertices": entry["nodes"][t] for t in graph["num_nodes"]} for entry in stats]
     flat = [{**counts, **entry} for counts, entry in zip(per_type, stats)]
-    keys = [*per_type[0], "edges", "train"]
+    keys = [*per_type[0], "edges", "train", *(["train_links"] if manifest.get("links") else [])]
     return {"partition": str(folder), "graph": graph["name"], "target": graph["target"],
             "nodes": dict(graph["num_nodes"]), "edges": graph["num_edges"],
             "relations": [" ".join(r) for r in graph["relations"]], "parts": parts, "method": manifest["method"],
             "seed": manifest["seed"], "balanced_on": manifest["balance"], "source": manifest["source"],
-            "per_part": [{key: entry[key] for key in ("nodes", "edges", "train", "val", "test", "cut_edges")}
-                         for entry in stats],
+            "per_part": [{key: entry[key] for key in ("nodes", "edges", "train", "val", "test", "train_links",
+                                                      "cut_edges") if key in entry} for entry in stats],
+            **({"links": {key: manifest["links"][key] for key in ("sets", "undirected", "negatives", "metric",
+                                                                  "relation")}} if manifest.get("links") else {}),
             "balance_max_over_mean": {key: balance(flat, key, parts) for key in keys},
             "edge_cut": manifest["edge_cut"], "checksums": checksum_states(folder, manifest)}
