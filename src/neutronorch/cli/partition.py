@@ -74,9 +74,8 @@ def _typed(args: argparse.Namespace, target: Path, say):
     """A typed graph written in parts, with the reverse of every relation (a typed run trains with them; a link
     task's graph as its run makes it, without the held-out edges); the graph written and the manifest."""
     from neutronorch.data.partition_typed import assign_typed, check_typed_graph, write_typed_partition
-    from neutronorch.train.output_guard import check_space
-
     from neutronorch.train.link_task import split_typed_relation
+    from neutronorch.train.output_guard import check_space
 
     say(f"reading {args.dataset}")
     graph = load_typed_dataset(args.dataset)
