@@ -1,7 +1,8 @@
 """`neutronorch partition` of a typed graph: the folder read back is, array for array, the parts ``split_typed``
 cuts in memory from the graph with its reverse relations; METIS cuts fewer edges than random parts; every way
 a folder can be wrong (a damaged or missing file, another part count, a homogeneous folder where a typed one
-belongs and the reverse) is a clear error; and a typed full-copy run deals its seeds by the parts."""
+belongs and the reverse) is a clear error; and a typed full-copy run deals its seeds by the parts (a link task's
+by a folder holding its split: tests/test_partitioned_typed_links.py)."""
 
 from __future__ import annotations
 
@@ -203,7 +204,7 @@ def test_info_and_the_command_line_partition_a_typed_dataset(tmp_path, capsys):
                                                            for t in whole.num_nodes}, 2)[1])
     assert main(["partition", str(typed), "--parts", "2", "--out", str(tmp_path / "s"), "--split",
                  "edges:0.8,0.1"]) == 2
-    assert "typed graph, and parts of a typed graph train a node task" in capsys.readouterr().err
+    assert "predicts: one of author/writes/paper" in capsys.readouterr().err  # which relation's edges to split
     weighted = tmp_path / "weighted"
     write_typed(synthetic_typed(nodes=600, edge_weights=True), weighted)
     assert main(["partition", str(weighted), "--parts", "2", "--out", str(tmp_path / "w")]) == 2
@@ -230,9 +231,9 @@ def test_a_typed_full_copy_run_deals_each_rank_the_training_seeds_its_part_owns(
         build_mode(config, graph, cpu, shard=(0, 3))
 
 
-def test_a_typed_link_task_refuses_deal_by_with_the_reason(folder, tmp_path):
+def test_a_typed_link_task_refuses_deal_by_a_folder_without_its_link_split(folder, tmp_path):
     config = neutronorch.TrainConfig(task="link", link_relation="writes", epochs=1, fanouts=[2, 2], hidden=8,
                                      threads=1, device="cpu", eval_negatives=5, deal_by=str(folder),
                                      checkpoint_dir=str(tmp_path / "ck"))
-    with pytest.raises(ConfigError, match="typed link task's seed edges are dealt by position"):
+    with pytest.raises(ConfigError, match="for a node task, no link split; deal a typed link task's seed edges"):
         neutronorch.train(config, graph=synthetic_typed(nodes=600))

@@ -15,8 +15,7 @@ from neutronorch.errors import ConfigError, OutputError
 
 def add_partition_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dataset", metavar="SPEC",
-                        help="the dataset, as train's --dataset takes it (docs/datasets.md): homogeneous, or typed "
-                             "for a node task")
+                        help="the dataset, as train's --dataset takes it (docs/datasets.md), homogeneous or typed")
     parser.add_argument("--parts", type=int, required=True, metavar="K", help="how many parts (one per rank)")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="the partition folder to write; it must not exist or be empty")
@@ -27,7 +26,9 @@ def add_partition_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed of METIS or of the random order (default: 0)")
     parser.add_argument("--split", metavar="edges:T,V",
                         help="for `train --task link`: split the edges as `train --split edges:T,V --seed S` does "
-                             "(a dataset's own link split is kept without it; homogeneous graphs only)")
+                             "(a dataset's own link split is kept without it)")
+    parser.add_argument("--link-relation", metavar="REL",
+                        help="a typed graph's: the relation whose edges --split splits, as train's --link-relation")
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
@@ -49,6 +50,9 @@ def cmd_partition(args: argparse.Namespace) -> int:
     if is_typed_dataset(args.dataset):
         graph, manifest = _typed(args, target, say)
     else:
+        if args.link_relation is not None:
+            raise ConfigError(f"`link_relation` {args.link_relation}: names a typed graph's relation, and "
+                              f"{args.dataset} is homogeneous; leave it out.")
         say(f"reading {args.dataset}")
         graph = load_dataset(args.dataset)
         check_graph(graph, args.dataset, args.parts)
@@ -67,18 +71,21 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def _typed(args: argparse.Namespace, target: Path, say):
-    """A typed graph written in parts, with the reverse of every relation (a typed run trains with them); the
-    graph written and the manifest."""
+    """A typed graph written in parts, with the reverse of every relation (a typed run trains with them; a link
+    task's graph as its run makes it, without the held-out edges); the graph written and the manifest."""
     from neutronorch.data.partition_typed import assign_typed, check_typed_graph, write_typed_partition
+    from neutronorch.train.link_task import split_typed_relation
     from neutronorch.train.output_guard import check_space
 
-    if args.split is not None:
-        raise ConfigError(f"`split` {args.split}: {args.dataset} is a typed graph, and parts of a typed graph train "
-                          f"a node task so far (its own split); leave `split` out.")
     say(f"reading {args.dataset}")
     graph = load_typed_dataset(args.dataset)
     check_typed_graph(graph, args.dataset, args.parts)
-    graph = graph.with_reverse()
+    if args.split is not None or args.link_relation is not None:  # a link task's, as `train --task link` splits it
+        say(f"splitting the edges of {args.link_relation or 'its relation'} ({args.split or 'the default'}, seed "
+            f"{args.seed})")
+        graph = split_typed_relation(graph, args.link_relation, args.split, args.seed)  # no times: checked
+    else:
+        graph = graph.with_reverse()
     nodes = sum(graph.num_nodes.values())
     check_space("out", target, sum(int(a.nbytes) for a in graph.arrays() if a is not None) + nodes * 24)
     say(f"assigning {nodes:,} vertices of {len(graph.num_nodes)} types to {args.parts} parts ({args.method})")

@@ -3,7 +3,8 @@ one owner part (``assign_typed``: at random, type by type, or by METIS on the gr
 and each part is written as a folder of memory-mappable ``.npy`` arrays (``write_typed_partition``): per type
 its owned vertices' ids and feature rows, per relation its owned destinations' in-edges (``owned_in_edges``,
 sources as whole-graph ids), the target's labels and split ids. The root holds every type's owners and local
-indices, the target's split and ``partition.json``, written last (``partition_typed_files.py`` reads it)."""
+indices, the target's split, a link task's split of one relation (``partition_typed_links.py``) and
+``partition.json``, written last (``partition_typed_files.py`` reads it)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from neutronorch.data.partition import (Say, balanced_metis, check_parts, metis,
                                         symmetrised_pairs, weighing)
 from neutronorch.data.partition_meta import (FORMAT, FORMAT_VERSION, MANIFEST, PART_META, TYPED, digest, part_folder,
                                              partition_id)
+from neutronorch.data.partition_links import link_arrays
+from neutronorch.data.partition_typed_links import typed_link_manifest
 from neutronorch.data.partition_typed_files import (TYPED_GLOBAL_ARRAYS, TYPED_PART_ARRAYS, relation_file,
                                                     type_file)
 from neutronorch.data.typed import TypedGraph, type_offsets
@@ -61,7 +64,13 @@ def typed_constraints(graph: TypedGraph) -> dict[str, np.ndarray]:
         columns[vertices_of(t)] = np.zeros(total, dtype=np.int64)
         columns[vertices_of(t)][offsets[t]:offsets[t] + n] = 1
     training = np.zeros(total, dtype=np.int64)
-    training[offsets[graph.target] + np.asarray(graph.train_idx, dtype=np.int64)] = 1
+    if graph.links is not None:  # a link task's: the training edges whose source it is (the dealing's weight)
+        ends = graph.links.ends
+        src = ends.relation[0]
+        sources = np.asarray(graph.links.train[0], dtype=np.int64) - ends.offsets[src]
+        training[offsets[src]:offsets[src] + graph.num_nodes[src]] = np.bincount(sources, minlength=ends.counts[src])
+    else:
+        training[offsets[graph.target] + np.asarray(graph.train_idx, dtype=np.int64)] = 1
     in_edges = np.zeros(total, dtype=np.int64)
     for (_, _, dst), relation in graph.relations.items():
         in_edges[offsets[dst]:offsets[dst] + graph.num_nodes[dst]] += np.diff(np.asarray(relation.indptr))
@@ -135,8 +144,11 @@ def write_typed_partition(graph: TypedGraph, assigned: tuple[Owners, list[str]],
             saved(folder, type_file(t, "local_index"), local[t])
         for split, ids in split_of.items():
             saved(folder, f"{split}.npy", ids)
-        ident = partition_id(":".join(files[type_file(t, "part_of")]["sha256"] for t in graph.num_nodes),
-                             graph.name, sum(graph.num_nodes.values()), graph.num_edges)
+        for name, array in link_arrays(graph.links).items() if graph.links is not None else ():
+            saved(folder, name, array)
+        owners_sha = [files[type_file(t, "part_of")]["sha256"] for t in graph.num_nodes]
+        owners_sha += [files["link_train.npy"]["sha256"]] if graph.links is not None else []  # another split
+        ident = partition_id(":".join(owners_sha), graph.name, sum(graph.num_nodes.values()), graph.num_edges)
         for k in range(parts):
             sub = part_folder(k)
             say(f"writing part {k} of {parts}: " + ", ".join(f"{owned[t][k].shape[0]:,} {t}" for t in graph.num_nodes))
@@ -156,6 +168,11 @@ def write_typed_partition(graph: TypedGraph, assigned: tuple[Owners, list[str]],
                 edges += mine.num_edges
             entry = {"part": k, "nodes": {t: int(owned[t][k].shape[0]) for t in graph.num_nodes}, "edges": edges,
                      "cut_edges": int(cut[k])}
+            if graph.links is not None:  # the training positives this part's rank trains (by their source)
+                ends = graph.links.ends
+                src = ends.relation[0]
+                sources = np.asarray(graph.links.train[0], dtype=np.int64) - ends.offsets[src]
+                entry["train_links"] = int(np.count_nonzero(owners[src][sources] == k))
             for split, ids in split_of.items():
                 mine = ids[owners[target][ids] == k]
                 saved(folder, f"{sub}/{split}.npy", mine)
@@ -176,5 +193,7 @@ def write_typed_partition(graph: TypedGraph, assigned: tuple[Owners, list[str]],
                           "metric": graph.metric, "notes": list(graph.notes)},
                 "edge_cut": {"edges": int(cut.sum()), "fraction": float(cut.sum() / max(graph.num_edges, 1))},
                 "global_arrays": list(TYPED_GLOBAL_ARRAYS), "part_arrays": list(TYPED_PART_ARRAYS)}
+    if graph.links is not None:  # a link task's split of one relation, and its model's input statistics
+        manifest["links"] = typed_link_manifest(graph)
     write_folder(Path(out), fill)
     return manifest

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from neutronorch.data.checks import SPLITS
+from neutronorch.data.links import LinkSplit
 from neutronorch.data.relation import Relation, RelationType
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import DataError
@@ -71,6 +72,7 @@ class TypedPartition:
     metric: str | None = None
     notes: list[str] = field(default_factory=list)
     manifest: dict = field(default_factory=dict)
+    links: LinkSplit | None = None  # a link task's split of one relation, whole (``partition_typed_links.py``)
 
     @property
     def node_types(self) -> tuple[str, ...]:
@@ -114,12 +116,14 @@ def owned_in_edges(relation: Relation, ids: np.ndarray) -> Relation:
 
 
 def check_partitionable(graph: TypedGraph, spec: str) -> None:
-    """A typed graph this project can cut into parts: a node task on a graph without times or edge features."""
+    """A typed graph this project can cut into parts: a graph without times or edge features, with its target's
+    labels, and a link split, if any, of one relation (``link_task.split_typed_relation``'s)."""
     why = ("it has edge or vertex times (a part does not carry times yet; training on parts without them would "
            "sample the future, docs/temporal.md)" if graph.temporal else
-           "its target has no labels (parts of a typed graph train a node task so far)" if graph.labels is None else
-           "it carries a link split (parts of a typed graph train a node task so far)" if graph.links is not None
-           else None)
+           "its target has no labels (a typed graph's parts hold them)" if graph.labels is None else
+           "it carries a link split of its own (a typed graph's parts carry the split of one relation that "
+           "`--split edges:T,V --link-relation REL` makes)" if graph.links is not None and (
+               graph.links.ends is None or graph.links.timed) else None)
     edge = [r for r, rel in graph.relations.items() if rel.edge_features is not None]
     if why is None and edge:
         why = f"relation {'/'.join(edge[0])} has edge features (a part does not carry them yet)"
@@ -151,5 +155,5 @@ def split_typed(graph: TypedGraph, owners: dict[str, np.ndarray], parts: int) ->
             feature_dims={t: graph.feature_dim(t) for t in graph.num_nodes},
             labels=np.asarray(graph.labels[ids[target]]),
             splits={s: v[owners[target][v] == k] for s, v in split_of.items()}, global_splits=split_of,
-            num_classes=int(graph.num_classes), metric=graph.metric, notes=list(graph.notes)))
+            num_classes=int(graph.num_classes), metric=graph.metric, notes=list(graph.notes), links=graph.links))
     return out

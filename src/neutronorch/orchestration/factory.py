@@ -14,6 +14,7 @@ from neutronorch.capabilities import check_static
 from neutronorch.config import SamplingConfig, TrainConfig
 from neutronorch.data.graph import Graph
 from neutronorch.data.partition_files import dealing_owners
+from neutronorch.data.partition_typed_files import typed_link_owners
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.errors import ConfigError
 from neutronorch.features.cache import FeatureCache, hotness_order
@@ -179,15 +180,14 @@ def typed_access(config: TrainConfig, graph: TypedGraph, device: torch.device, s
     fanouts = typed_fanouts(graph, config.fanouts if fanouts is None else fanouts)
     # A link task's batches are seed edges of its relation, in its end types' stacked ids (``LinkEnds``).
     ends = graph.links.ends if config.task == "link" else None
-    if ends is not None and config.deal_by is not None:
-        raise ConfigError(f"`deal_by` {config.deal_by}: a typed graph's parts train a node task so far, so a typed "
-                          f"link task's seed edges are dealt by position; leave `deal_by` out.")
-    # A node task's seeds dealt by the target type's owners in a typed graph's partition folder (``deal_by``).
-    owner = (dealing_owners(config.deal_by, shard[1], graph.num_nodes[graph.target], typed=True)
-             if config.deal_by is not None else None)
+    # A node task's seeds dealt by the target type's owners in a typed graph's partition folder (``deal_by``), a
+    # link task's seed edges by the owners of their sources in a folder holding its split.
+    owner = None if config.deal_by is None else (
+        typed_link_owners(config.deal_by, shard[1], ends, config.link_relation) if ends is not None else
+        dealing_owners(config.deal_by, shard[1], graph.num_nodes[graph.target], typed=True))
     sampling = dataclasses.replace(config.sampling, rank=shard[0], world=shard[1])
     stores = typed_stores(config, graph, fanouts, shard[1] > 1, on_host=config.mode != "device")
-    seeds = (LinkSeeds(graph.links.train, ends.num_nodes, sampling, config.negatives, ends) if ends is not None
+    seeds = (LinkSeeds(graph.links.train, ends.num_nodes, sampling, config.negatives, ends, owner) if ends is not None
              else NodeSeeds(graph, sampling, owner))
     # Its rows read on the host (device mode's reader caches them).
     access = FeatureAccess(device, None, None, None, None, TypedInputs(graph, stores), graph)

@@ -274,8 +274,9 @@ def split_tables(state: dict) -> bool:
 
 def part_rows(state: dict):
     """``TypedGNN``'s ``tables`` for a ``split_tables`` checkpoint: each table of the rows the rank held."""
-    model = state["model"]
-    return lambda node_type, rows, width: nn.Embedding(*model[f"embeddings.{node_type}.weight"].shape, sparse=True)
+    model = state["model"]  # a link model's under its encoder
+    shape = lambda t: next(v.shape for k, v in model.items() if k.endswith(f"embeddings.{t}.weight"))  # noqa: E731
+    return lambda node_type, rows, width: nn.Embedding(*shape(node_type), sparse=True)
 
 
 def holding_weights(model, state: dict, path: Path, problem: str, advice: str = ""):

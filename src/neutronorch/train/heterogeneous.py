@@ -63,13 +63,15 @@ def check_own_model_config(config: TrainConfig) -> None:
 
 
 def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, user_model: torch.nn.Module | None,
-                options: TypedOptions, stack: contextlib.ExitStack, samplers=None, table_maker=None) -> Built:
+                options: TypedOptions, stack: contextlib.ExitStack, samplers=None, table_maker=None,
+                statistics=None) -> Built:
     """A typed graph's part of ``build_run``: the graph with its reverse relations, its samplers, its model
     (``TypedGNN``, or ``user_model`` adapted by ``UserModel``), its tables (``plan_tables``: where they live,
     checked; open while ``stack`` is) and optimizers. ``samplers``: ``new(fanouts)``, which makes a sampler of
     the graph as trained (a partitioned run's: ``graph`` then already holds its reverse relations);
     ``table_maker``: the built-in model's tables (``TypedGNN``'s ``tables``) instead of where ``plan_tables``
-    puts them (a partitioned run's, of its part's rows)."""
+    puts them (a partitioned run's, of its part's rows); ``statistics``: a link model's input-row statistics
+    per featured type (default: ``graph``'s rows')."""
     link = config.task == "link"  # a relation's edges (train/link_task.py's typed_link_graph)
     warnings = check_learnable(graph, not link)
     if samplers is None:
@@ -100,7 +102,8 @@ def typed_model(config: TrainConfig, graph: TypedGraph, device: torch.device, us
             raise ConfigError(f"{graph.name}: {exc}.") from None
         if link:  # the typed GNN's rows of the relation's two end types are the embeddings a link head scores
             # Each featured type's RMS row norm and mean row: its input weights scaled, its outputs centred.
-            statistics = {t: row_statistics(rows) for t, rows in graph.features.items()}
+            if statistics is None:
+                statistics = {t: row_statistics(rows) for t, rows in graph.features.items()}
             model = LinkModel(model, config.link_head, input_norm={t: n for t, (n, _) in statistics.items()},
                               input_mean={t: torch.from_numpy(m) for t, (_, m) in statistics.items() if m is not None})
     model = model.to(device)

@@ -73,7 +73,11 @@ def link_graph(graph: Graph, config: TrainConfig) -> Graph:
 
 
 def _edge_split(config: TrainConfig) -> tuple[float, float]:
-    spec = config.split or DEFAULT_LINK_SPLIT
+    return _edge_shares(config.split)
+
+
+def _edge_shares(split: str | None) -> tuple[float, float]:
+    spec = split or DEFAULT_LINK_SPLIT
     if not is_link_split(spec):
         raise ConfigError(f"`split` {spec!r} splits vertices; a link task splits edges: give `split` "
                           f"edges:TRAIN,VAL (such as {DEFAULT_LINK_SPLIT}), or none for that default.")
@@ -81,25 +85,34 @@ def _edge_split(config: TrainConfig) -> tuple[float, float]:
 
 
 def typed_link_graph(graph: TypedGraph, config: TrainConfig) -> TypedGraph:
-    """``graph`` with its relation ``config.link_relation`` split as ``link_graph`` splits a homogeneous
-    graph's edges (by time on a graph with times), the split in ``links``, then every relation's reverse added
-    (a stored reverse of the relation is made again from the edges left, so no held-out edge carries a
-    message; by time every edge stays); the run's settings checked."""
-    relation = link_relation(graph, config.link_relation)
+    """``graph`` with its relation ``config.link_relation`` split (``split_typed_relation``), the run's
+    settings checked."""
+    graph = split_typed_relation(graph, config.link_relation, config.split, config.seed, config.link_direction)
+    check_link_settings(graph, config)
+    return graph
+
+
+def split_typed_relation(graph: TypedGraph, name: str | None, split: str | None, seed: int,
+                         direction: str = "auto") -> TypedGraph:
+    """``graph`` with its relation ``name`` (``link_relation``) split by ``split`` (edges:TRAIN,VAL; None:
+    ``DEFAULT_LINK_SPLIT``) as ``link_graph`` splits a homogeneous graph's edges (by time on a graph with
+    times), the split in ``links``, then every relation's reverse added (a stored reverse of the relation is
+    made again from the edges left, so no held-out edge carries a message; by time every edge stays). A
+    typed graph's partition (``neutronorch partition --split``) is made of this graph too."""
+    relation = link_relation(graph, name)
     reverse = graph.reverse_of(relation)
+    shares = _edge_shares(split)
     if graph.temporal:  # split by time; every edge stays, sampled only before each seed's time
-        links, notes = split_relation_by_time(graph, LinkEnds.of(graph.num_nodes, relation), *_edge_split(config),
-                                              direction=config.link_direction)
+        links, notes = split_relation_by_time(graph, LinkEnds.of(graph.num_nodes, relation), *shares,
+                                              direction=direction)
         graph = dataclasses.replace(graph, notes=[*graph.notes, *notes]).with_reverse()
     else:
-        graph, links = split_relation(graph, LinkEnds.of(graph.num_nodes, relation), *_edge_split(config),
-                                      seed=config.seed, direction=config.link_direction)
+        graph, links = split_relation(graph, LinkEnds.of(graph.num_nodes, relation), *shares, seed=seed,
+                                      direction=direction)
         relations = {r: rel for r, rel in graph.relations.items() if r != reverse}
         graph = dataclasses.replace(graph, relations=relations).with_reverse()
     links.ends = LinkEnds.of(graph.num_nodes, relation, graph.reverse_of(relation))
-    graph = dataclasses.replace(graph, links=links)
-    check_link_settings(graph, config)
-    return graph
+    return dataclasses.replace(graph, links=links)
 
 
 def check_node_task(graph: Graph, config: TrainConfig) -> None:

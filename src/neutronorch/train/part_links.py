@@ -13,6 +13,7 @@ import torch
 from neutronorch.config import TrainConfig
 from neutronorch.data.partition_files import is_partition_dir, is_typed, read_manifest
 from neutronorch.data.partition_links import input_statistics
+from neutronorch.data.partition_typed_links import check_link_relation
 from neutronorch.errors import ConfigError
 from neutronorch.nn.link import LinkModel
 from neutronorch.data.links import SHARED
@@ -29,16 +30,18 @@ def check_task(config: TrainConfig) -> None:
     if not is_partition_dir(folder):
         return
     manifest = read_manifest(folder)
-    if is_typed(manifest):  # a typed graph's parts train a node task so far: ``part_typed.check_typed_request``
-        return
-    links = bool(manifest.get("links"))
+    typed, links = is_typed(manifest), bool(manifest.get("links"))
     if links and config.task != "link":
         raise ConfigError(f"`task` {config.task}: {folder} is a partition of a link split (its validation and test "
                           f"edges are out of its topology); give `task` link, or partition the graph without "
                           f"`--split`.")
     if not links and config.task == "link":
-        raise ConfigError(f"`task` link: {folder} holds no link split; partition the graph with `--split "
-                          f"edges:TRAIN,VAL` (or a dataset with its own link split) for a link task.")
+        how = ("`--split edges:TRAIN,VAL --link-relation REL`" if typed else
+               "`--split edges:TRAIN,VAL` (or a dataset with its own link split)")
+        raise ConfigError(f"`task` link: {folder} holds no link split; partition the graph with {how} for a link "
+                          f"task.")
+    if typed and links:  # the relation is the folder's
+        check_link_relation(manifest, folder, config.link_relation)
 
 
 def link_model(config: TrainConfig, encoder: torch.nn.Module, manifest: dict) -> LinkModel:

@@ -68,7 +68,7 @@ class PartTables:
 
     def attach(self, model: nn.Module) -> None:
         """Hold ``model``'s ``OwnedTable``s (made by ``maker``)."""
-        self.tables = {t: table for t, table in getattr(model, "embeddings", {}).items() if isinstance(table, OwnedTable)}
+        self.tables = {m.node_type: m for m in model.modules() if isinstance(m, OwnedTable)}  # a link model's too
 
     def shapes(self) -> dict[str, tuple[int, int]]:
         return {t: tuple(table.weight.shape) for t, table in self.tables.items()}

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.factory import Threads
 from neutronorch.orchestration.remote_rows import PartitionedLoader, RemoteRows
 from neutronorch.orchestration.seeds import NodeSeeds
-from neutronorch.sampling.exchange import ThreadExchange
+from neutronorch.sampling.exchange import Exchange, ThreadExchange
 from neutronorch.sampling.partitioned_typed import PartitionedTypedSampler
 from neutronorch.train.checkpoint import TYPED, dataset_fingerprint
 from neutronorch.train.distributed import GradientSync, World
@@ -43,7 +44,7 @@ from neutronorch.train.part_eval import PartEvaluation
 from neutronorch.train.part_exchange import GlooExchange
 from neutronorch.train.part_mode import PartitionedMode
 from neutronorch.train.part_tables import PartTables, check_storage
-from neutronorch.train.run import Run
+from neutronorch.train.run import Built, Run
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import MetricLog
 from neutronorch.train.task import Task
@@ -180,27 +181,36 @@ class TypedPartMode(PartitionedMode):
 
 def check_typed_request(config: TrainConfig) -> None:
     """What a typed partition's run refuses beyond what any partitioned run refuses, with the reason."""
-    refused = {"task": config.task == "link", "mode": config.mode not in TYPED_PARTITIONED_MODES,
+    refused = {"mode": config.mode not in TYPED_PARTITIONED_MODES,
                "normalize_features": config.normalize_features != "none"}
     given = [name for name, bad in refused.items() if bad]
-    if given:
-        raise ConfigError(f"{', '.join(given)}: a typed graph's parts train a node task in exact mode, on rows as "
-                          f"written, so far (docs/distributed.md, \"Typed graphs on parts\"). Leave it out, or train "
+    if given:  # the task is the folder's (``part_links.check_task``)
+        raise ConfigError(f"{', '.join(given)}: a typed graph's parts train in exact mode, on rows as written, "
+                          f"so far (docs/distributed.md, \"Typed graphs on parts\"). Leave it out, or train "
                           f"the typed graph whole (`dataset`).")
     check_storage(config)
 
 
-def build_typed_part_run(config: TrainConfig, part: TypedPartition, device: torch.device, threads: Threads,
-                         stack: contextlib.ExitStack, world: World, stop: threading.Event | None,
-                         data_seconds: float, options: TypedOptions | None = None) -> Run:
-    """``partitioned.build_partitioned_run`` for a typed partition: this rank's model, optimizers and mode."""
-    check_typed_request(config)
-    options = options or TypedOptions()
-    t0 = time.perf_counter()
-    graph = part_graph(part, gathered_labels(part, world))
-    data_seconds += time.perf_counter() - t0
-    for note in graph.notes if world.main else []:
-        logger.warning(f"note: {note}")
+@dataclass
+class TypedSetup:
+    """What the runs of both tasks on a typed graph's parts build alike (``typed_setup``)."""
+
+    built: Built  # the model, its optimizers, tables (split by owner) and samplers
+    tables: PartTables
+    sampling: Exchange  # the producer thread's exchange
+    evaluation: Exchange  # the training thread's, for evaluation
+    tables_exchange: Exchange  # the training thread's, for the tables' rows and gradients
+
+    @property
+    def fanouts(self) -> dict:
+        return self.built.typed.sampler.fanouts
+
+
+def typed_setup(config: TrainConfig, part: TypedPartition, graph: TypedGraph, device: torch.device,
+                stack: contextlib.ExitStack, world: World, options: TypedOptions, statistics=None) -> TypedSetup:
+    """The exchanges, and the model built as a full-copy typed run builds it (``typed_model``; ``statistics``: a
+    link model's), its tables split by owner (``PartTables``), the initial weights rank 0's but for each rank's
+    rows of the tables."""
     if world.distributed:
         sampling_exchange = GlooExchange.new(world, "the partitioned sampling's exchange")
         stack.callback(sampling_exchange.close)  # after the mode's close (its producer thread stopped)
@@ -210,49 +220,79 @@ def build_typed_part_run(config: TrainConfig, part: TypedPartition, device: torc
         sampling_exchange, evaluation_exchange, tables_exchange = (ThreadExchange.group(1)[0] for _ in range(3))
     config.embedding_storage = "memory"  # each rank's rows of the tables (mmap is refused on parts)
     tables = PartTables(part, tables_exchange)
-    built = typed_model(config, graph, device, None, options, stack, table_maker=tables.maker(),
+    built = typed_model(config, graph, device, None, options, stack, table_maker=tables.maker(), statistics=statistics,
                         samplers=lambda fanouts: PartitionedTypedSampler(part, evaluation_exchange, fanouts))
-    model, fanouts = built.model, built.typed.sampler.fanouts
-    tables.attach(model)
+    tables.attach(built.model)
     built.typed.tables = TypedTables("memory", "split by owner on the parts", tables.shapes(), fill=False)
     if tables.tables:
         logger.info(f"embedding tables split by owner: this rank holds {sum(r for r, _ in tables.shapes().values()):,} "
                     f"of their {sum(part.num_nodes[t] for t in tables.tables):,} rows, "
                     f"{built.typed.tables.nbytes / 2**20:.1f} MiB with both moments")
-    if config.batch_size == 0:
-        config.batch_size = auto_batch_size(len(graph.train_idx))
-    task = Task.of(graph, config.metric)
     if world.distributed:
         owned = [t.weight for t in tables.tables.values()]  # each rank's rows of the tables: its own
-        world.broadcast_module(model, "the initial weights' broadcast",
-                               keep=frozenset(n for n, p in model.named_parameters() if any(p is w for w in owned)))
-    spans = Spans()
-    sampling = dataclasses.replace(config.sampling, rank=world.rank, world=world.size)
-    access = FeatureAccess(device, None, None, None, None, None, graph)
-    loader = TypedPartLoader(access, TypedRemoteRows(part, sampling_exchange), spans)
-    seeds = NodeSeeds(graph, sampling, part.part_of[part.target])  # each global batch dealt by owner
-    mode = TypedPartMode(tables, world, evaluation_exchange, seeds,
-                         lambda: PartitionedTypedSampler(part, sampling_exchange, fanouts), loader, sampling, spans,
+        world.broadcast_module(built.model, "the initial weights' broadcast", keep=frozenset(
+            n for n, p in built.model.named_parameters() if any(p is w for w in owned)))
+    return TypedSetup(built, tables, sampling_exchange, evaluation_exchange, tables_exchange)
+
+
+def typed_mode(setup: TypedSetup, part: TypedPartition, world: World, seeds, loader, sampling, spans: Spans,
+               threads: Threads, stack: contextlib.ExitStack) -> "TypedPartMode":
+    """Exact mode on a typed graph's part, sampling with the partitioned typed sampler; closed with ``stack``."""
+    mode = TypedPartMode(setup.tables, world, setup.evaluation, seeds,
+                         lambda: PartitionedTypedSampler(part, setup.sampling, setup.fanouts), loader, sampling, spans,
                          threads.sampler)
-    mode.traffic.lanes["tables"] = tables_exchange
+    mode.traffic.lanes["tables"] = setup.tables_exchange
     stack.callback(mode.close)
+    return mode
+
+
+def typed_run(config: TrainConfig, part: TypedPartition, graph: TypedGraph, device: torch.device, threads: Threads,
+              stack: contextlib.ExitStack, world: World, stop: threading.Event | None, setup: TypedSetup, mode, task,
+              data_seconds: float, constants, evaluation, described: str = "") -> Run:
+    """The ``Run`` of a typed graph's part: its logs, metrics, evaluation (``evaluation``), the gradient sync with
+    the tables' reduction, and checkpoints. ``constants``: the training labels' a node task's health reads."""
+    built = setup.built
     logger.info(f"partitioned: {world.describe()}; batch size {config.batch_size} per rank, "
                 f"{config.batch_size * world.size} per global batch, {mode.num_batches} global batches per epoch")
     counts = built.typed.parameters
     logger.info(f"mode {mode.name}, model {config.model} (typed: {', '.join(graph.node_types)}), fanouts "
                 f"{config.fanouts}, device {device}, batch size {config.batch_size}, train threads {threads.train}, "
-                f"{mode.describe()}, parameters {counts['dense']:,} dense + {counts['embedding']:,} in embedding "
-                f"tables")
+                f"{mode.describe()}, parameters {counts['dense']:,} dense + {counts['embedding']:,} in this rank's "
+                f"rows of the embedding tables{described}")
     util = stack.enter_context(contextlib.closing(Utilisation(device)))
     metrics = stack.enter_context(contextlib.closing(MetricLog(config.logging, task.key, append=config.resume)))
     logger.info(f"task: {task.describe()}")
-    run = Run(config, graph, device, threads, model, built.optimizer, mode, spans, TRAINER_STAGES.merge(mode.stages),
-              util, metrics, task, data_seconds=data_seconds, world=world, typed=built.typed, stop=stop,
-              health=Health(task.constant_losses(graph.labels[graph.train_idx]), built.warnings))
-    run.partitioned = PartTypedEvaluation(part, evaluation_exchange, world, tables)
+    run = Run(config, graph, device, threads, built.model, built.optimizer, mode, mode.spans,
+              TRAINER_STAGES.merge(mode.stages), util, metrics, task, data_seconds=data_seconds, world=world,
+              typed=built.typed, stop=stop, health=Health(task.constant_losses(constants), built.warnings))
+    run.partitioned = evaluation
     if world.distributed:
         run.sync = GradientSync(world, built.dense, stop, mode.averaged_gradients,
-                                tables.reduce if tables.tables else ())
+                                setup.tables.reduce if setup.tables.tables else ())
         run.stop = run.sync.agreed  # every rank stops after the same step
     attach_checkpoints(run, part, world, dataset_fingerprint(graph), TYPED)
     return run
+
+
+def build_typed_part_run(config: TrainConfig, part: TypedPartition, device: torch.device, threads: Threads,
+                         stack: contextlib.ExitStack, world: World, stop: threading.Event | None,
+                         data_seconds: float, options: TypedOptions | None = None) -> Run:
+    """``partitioned.build_partitioned_run`` for a typed partition: this rank's model, optimizers and mode."""
+    check_typed_request(config)
+    t0 = time.perf_counter()
+    graph = part_graph(part, gathered_labels(part, world))
+    data_seconds += time.perf_counter() - t0
+    for note in graph.notes if world.main else []:
+        logger.warning(f"note: {note}")
+    setup = typed_setup(config, part, graph, device, stack, world, options or TypedOptions())
+    if config.batch_size == 0:
+        config.batch_size = auto_batch_size(len(graph.train_idx))
+    task = Task.of(graph, config.metric)
+    spans = Spans()
+    sampling = dataclasses.replace(config.sampling, rank=world.rank, world=world.size)
+    access = FeatureAccess(device, None, None, None, None, None, graph)
+    loader = TypedPartLoader(access, TypedRemoteRows(part, setup.sampling), spans)
+    seeds = NodeSeeds(graph, sampling, part.part_of[part.target])  # each global batch dealt by owner
+    mode = typed_mode(setup, part, world, seeds, loader, sampling, spans, threads, stack)
+    return typed_run(config, part, graph, device, threads, stack, world, stop, setup, mode, task, data_seconds,
+                     graph.labels[graph.train_idx], PartTypedEvaluation(part, setup.evaluation, world, setup.tables))

@@ -49,6 +49,7 @@ from neutronorch.train.part_exchange import GlooExchange
 from neutronorch.train.part_mode import PartitionedMode
 from neutronorch.train.part_links import PartLinkEvaluation, check_task, link_model
 from neutronorch.train.part_typed import build_typed_part_run, check_typed_request
+from neutronorch.train.part_typed_links import build_typed_link_run
 from neutronorch.train.part_neutronorch import build_mode as build_neutronorch, check_request as check_neutronorch
 from neutronorch.train.run import Run
 from neutronorch.train.step import TRAINER_STAGES
@@ -92,7 +93,8 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
     given = config.settings_given(["split", "times", "link_direction"])
     if given:
         raise refuse(", ".join(given), "Leave it out: the partition holds its split and rows as written.")
-    given = config.settings_given(["eval_fanouts", "normalize_features"]) if config.task == "link" else []
+    given = config.settings_given(["eval_fanouts", "normalize_features"]) if config.task == "link" and not \
+        typed_partition(config.partitions) else []  # a typed graph's link task samples its evaluation
     if given:
         raise refuse(", ".join(given) + " with `task` link", "Leave it out: a link task's evaluation embeds every "
                      "vertex its pairs name layer by layer, and its model starts from the manifest's statistics of "
@@ -147,8 +149,9 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     manifest = part.manifest
     config.dataset = manifest["source"]  # what the summary and logs name: the graph the parts were made from
     data_seconds = time.perf_counter() - t0
-    if isinstance(part, TypedPartition):
-        return build_typed_part_run(config, part, device, threads, stack, world, stop, data_seconds, options)
+    if isinstance(part, TypedPartition):  # a link split's folder: part_typed_links.py's
+        build = build_typed_part_run if part.links is None else build_typed_link_run
+        return build(config, part, device, threads, stack, world, stop, data_seconds, options)
     graph = PartGraph.of(part)
     logger.info(f"loaded part {part.part} of {part.parts} of {graph.name} ({manifest['method']} parts): "
                 f"{part.ids.shape[0]:,} of {graph.num_nodes:,} vertices, {part.indices.shape[0]:,} of "
