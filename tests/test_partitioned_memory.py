@@ -12,15 +12,18 @@ import tracemalloc
 
 import numpy as np
 import pytest
+import torch
 
 import neutronorch
 from neutronorch.data import load_dataset
 from neutronorch.data.partition import assign, write_partition
 from neutronorch.data.partition_files import load_partition
+from neutronorch.nn.models import GNN
 from neutronorch.orchestration import remote_rows
 from neutronorch.orchestration.remote_rows import RemoteRows, RowBuffers, rows_bytes
 from neutronorch.sampling.exchange import ThreadExchange
 from neutronorch.train import run as run_module
+from neutronorch.train.distributed import World
 from neutronorch.train.part_eval import PartEvaluation
 
 GRAPH = "synthetic:nodes=3000,features=16,degree=8"
@@ -70,6 +73,18 @@ def test_a_fetch_writes_into_the_buffer_given_without_a_copy_of_the_own_rows(one
     assert peak < table.nbytes / 8, peak  # the ids' own bookkeeping only: no array of all the rows
     features, labels = fetcher.fetch(ids[:500], labelled=100, into=np.empty(rows_bytes(500, part.features), np.uint8))
     assert np.array_equal(features, graph.features[ids[:500]]) and np.array_equal(labels, graph.labels[ids[:100]])
+
+
+def test_an_evaluation_holds_its_whole_graph_vertex_map_and_chunk_buffer_only_while_it_evaluates(one_part):
+    graph, folder = one_part
+    part = load_partition(folder, 0, verify=False)
+    evaluation = PartEvaluation(part, ThreadExchange.group(1)[0], World())
+    assert evaluation._node_map is None and evaluation._buffer.nbytes == 0
+    net = GNN("sage", graph.feature_dim, 8, graph.num_classes, 2).eval()
+    nodes = np.asarray(graph.test_idx, dtype=np.int64)
+    logits = evaluation.logits(net, nodes, torch.device("cpu"), 300)
+    assert logits.shape == (nodes.shape[0], graph.num_classes) and torch.isfinite(logits).all()
+    assert evaluation._node_map is None and evaluation._buffer.nbytes == 0
 
 
 def test_a_one_part_run_reuses_its_batches_and_chunks_buffers_and_evaluates_with_freed_blocks_returned(

@@ -36,8 +36,10 @@ class PartEvaluation:
     def __init__(self, part, exchange, world: World, degrees: np.ndarray | None = None):
         self.part, self.world, self.degrees = part, world, degrees  # degrees: symmetric GCN's (global_in_degrees)
         self.fetcher = RemoteRows(part, exchange)
-        self._node_map = np.full(part.num_nodes, -1, dtype=np.int64)
-        self._buffer = np.empty(0, np.uint8)  # a chunk's fetched rows (``_rows``), during an evaluation
+        # While it evaluates: a vertex map of the whole graph's size (8 bytes a vertex; not held while the
+        # rank trains, beside its sampler's) and a chunk's fetched rows (``_rows``).
+        self._node_map: np.ndarray | None = None
+        self._buffer = np.empty(0, np.uint8)
 
     def evaluate(self, run, check: EvaluationCheck, progress=None) -> dict[str, float]:
         """``Run.evaluate``'s scores ({"val": ..., "test": ...}) of a partitioned run."""
@@ -125,6 +127,7 @@ class PartEvaluation:
         part, chunk_size = self.part, max(1, chunk_size)
         owned = np.asarray(part.ids)
         hidden = None
+        self._node_map = np.full(part.num_nodes, -1, dtype=np.int64)
         for layer in range(model.num_layers - 1):
             out = torch.empty((owned.shape[0], model.width(layer)))
             for start in self._chunks(owned.shape[0], chunk_size):
@@ -140,7 +143,7 @@ class PartEvaluation:
             logits[start:start + ids.shape[0]] = self.layer_rows(model, last, ids, hidden, device)
             if progress is not None:
                 progress(last + 1, min(nodes.shape[0], start + chunk_size), nodes.shape[0])
-        self._buffer = np.empty(0, np.uint8)  # not held between evaluations
+        self._node_map, self._buffer = None, np.empty(0, np.uint8)  # not held between evaluations
         return logits
 
     @torch.no_grad()
