@@ -9,6 +9,8 @@ as one run of bytes whose size the asker knows. A rank reads its own vertices' r
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
@@ -18,8 +20,49 @@ from neutronorch.sampling.exchange import Exchange
 from neutronorch.sampling.partitioned import by_owner
 
 
+OWN_ROWS = 8192  # a rank's own rows are read into a fetch's output this many at a time
+
+
 def row_bytes(table: np.ndarray) -> int:
     return table.dtype.itemsize * int(np.prod(table.shape[1:], dtype=np.int64))
+
+
+def rows_bytes(count: int, table: np.ndarray) -> int:
+    """The bytes of ``count`` rows of ``table`` (what ``RemoteRows.fetch``'s ``into`` must hold)."""
+    return count * row_bytes(table)
+
+
+class RowBuffers:
+    """Byte buffers reused for fetched rows, as ``features.store.BufferPool``'s are for a full-copy run's
+    gathers: without them each batch's rows (tens of MB) are a fresh block, and the blocks freed, of sizes
+    that differ from batch to batch, stay in the heap beside the next ones (``train.resources``'s glibc
+    settings keep freed memory), so a rank's heap grows well past what it holds at once. ``take`` hands out a
+    free buffer that is large enough, or makes one (10% over, for the next slightly larger batch); never
+    blocks. ``give_back`` keeps at most ``keep`` buffers; ``drop`` lets them all go (before an evaluation)."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        with self._lock:
+            sizes = [b.shape[0] for b in self._free]
+            fits = [i for i, size in enumerate(sizes) if size >= nbytes]
+            if fits:
+                return self._free.pop(min(fits, key=sizes.__getitem__))
+            if sizes and len(sizes) >= self.keep:  # none large enough: the smallest makes way for a larger one
+                self._free.pop(sizes.index(min(sizes)))
+        return np.empty(nbytes + nbytes // 10, np.uint8)
+
+    def give_back(self, buffer: np.ndarray) -> None:
+        with self._lock:
+            if len(self._free) < self.keep:
+                self._free.append(buffer)
+
+    def drop(self) -> None:
+        with self._lock:
+            self._free.clear()
 
 
 class RemoteRows:
@@ -29,10 +72,13 @@ class RemoteRows:
         self.part, self.exchange = part, exchange
         self.fetched = 0  # rows this rank fetched from other ranks
 
-    def fetch(self, ids, labelled: int = 0, table: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def fetch(self, ids, labelled: int = 0, table: np.ndarray | None = None, into: np.ndarray | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
         """(the rows of ``ids`` in ``table``, the labels of ``ids[:labelled]``). ``table``: what every part
         holds a row of for each of its vertices, by local index (default: the features); each rank passes
-        its own, of one dtype and width on every rank. A collective: every rank calls it at the same time."""
+        its own, of one dtype and width on every rank. ``into``: a byte buffer (uint8) of at least
+        ``rows_bytes(len(ids), table)`` the rows are written to, at its start (the rows returned are a view
+        of it); None: a new array. A collective: every rank calls it at the same time."""
         part, exchange = self.part, self.exchange
         table = part.features if table is None else table
         labels = part.labels
@@ -61,7 +107,8 @@ class RemoteRows:
                 at += m * label_width
             got, got_sizes = exchange.swap_packed(send, sizes, [a.shape[0] * width + int(m) * label_width if k != me
                                                                else 0 for k, (a, m) in enumerate(zip(asks, wanted))])
-        out = np.empty((ids.shape[0], *table.shape[1:]), table.dtype)
+        out = (np.empty((ids.shape[0], *table.shape[1:]), table.dtype) if into is None else
+               into[:ids.shape[0] * width].view(table.dtype).reshape((ids.shape[0], *table.shape[1:])))
         out_labels = np.empty((labelled, *labels.shape[1:]), labels.dtype)
         at, start = 0, 0
         for k, size in enumerate(got_sizes):
@@ -69,7 +116,8 @@ class RemoteRows:
             positions = order[at:at + n]
             if k == me:
                 own = np.asarray(part.local_index[asks[k]], dtype=np.int64)  # by_owner found them this part's
-                out[positions] = table[own]
+                for first in range(0, n, OWN_ROWS):  # a slice at a time: no copy of all of them on the way
+                    out[positions[first:first + OWN_ROWS]] = table[own[first:first + OWN_ROWS]]
                 out_labels[positions[:m]] = labels[own[:m]]
             else:
                 out[positions] = got[start:start + n * width].view(table.dtype).reshape((n, *table.shape[1:]))
@@ -86,23 +134,38 @@ class PartitionedLoader:
     fetched from their owners in one exchange (``RemoteRows``). ``access``: the run's ``FeatureAccess`` over
     the part's own rows (what a mode reports)."""
 
-    def __init__(self, access, fetcher: RemoteRows, spans, dtype: torch.dtype = torch.float32):
+    def __init__(self, access, fetcher: RemoteRows, spans, dtype: torch.dtype = torch.float32,
+                 buffers: RowBuffers | None = None):
         self.access, self.fetcher, self.spans, self.dtype = access, fetcher, spans, dtype
+        self.buffers = buffers  # None: each batch's rows a new array
 
     def load(self, epoch: int, index: int, subgraph, make=None, targets=None):
         with self.spans.stage("gather", index):
             seeds = subgraph.seeds.shape[0]
             # A link task's targets are given (positions of its pairs' ends): no labels asked.
-            rows, labels = self.fetcher.fetch(subgraph.input_nodes.numpy(), labelled=seeds if targets is None else 0)
+            ids, buffers = subgraph.input_nodes.numpy(), self.buffers
+            buffer = None if buffers is None else buffers.take(rows_bytes(ids.shape[0], self.fetcher.part.features))
+            rows, labels = self.fetcher.fetch(ids, labelled=seeds if targets is None else 0, into=buffer)
             features = tensor_from_numpy(rows).to(self.dtype)
             labels = torch.from_numpy(np.asarray(labels, dtype=np.int64)) if targets is None else targets
-            return (make or MiniBatch)(epoch, index, subgraph, features, labels)
+            batch = (make or MiniBatch)(epoch, index, subgraph, features, labels)
+            if buffer is not None:  # the rows' buffer back once the step is done with them (copied: now)
+                if features.data_ptr() == rows.ctypes.data:
+                    batch.releaser = lambda: buffers.give_back(buffer)
+                else:
+                    buffers.give_back(buffer)
+            return batch
 
     def start(self, model) -> None:
         pass
 
     def close(self) -> None:
         pass
+
+    def drop_buffers(self) -> None:
+        """Let the reused row buffers go (the epoch's batches are done): an evaluation follows."""
+        if self.buffers is not None:
+            self.buffers.drop()
 
     def summary(self) -> dict:
         return {}  # the bytes exchanged: the partitioned mode's summary

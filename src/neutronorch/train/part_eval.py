@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from neutronorch.bfloat16 import tensor_from_numpy
-from neutronorch.orchestration.remote_rows import RemoteRows
+from neutronorch.orchestration.remote_rows import RemoteRows, rows_bytes
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.neighbor_sampler import batch_key, relabel_into
@@ -36,7 +36,10 @@ class PartEvaluation:
     def __init__(self, part, exchange, world: World, degrees: np.ndarray | None = None):
         self.part, self.world, self.degrees = part, world, degrees  # degrees: symmetric GCN's (global_in_degrees)
         self.fetcher = RemoteRows(part, exchange)
-        self._node_map = np.full(part.num_nodes, -1, dtype=np.int64)
+        # While it evaluates: a vertex map of the whole graph's size (8 bytes a vertex; not held while the
+        # rank trains, beside its sampler's) and a chunk's fetched rows (``_rows``).
+        self._node_map: np.ndarray | None = None
+        self._buffer = np.empty(0, np.uint8)
 
     def evaluate(self, run, check: EvaluationCheck, progress=None) -> dict[str, float]:
         """``Run.evaluate``'s scores ({"val": ..., "test": ...}) of a partitioned run."""
@@ -124,6 +127,7 @@ class PartEvaluation:
         part, chunk_size = self.part, max(1, chunk_size)
         owned = np.asarray(part.ids)
         hidden = None
+        self._node_map = np.full(part.num_nodes, -1, dtype=np.int64)
         for layer in range(model.num_layers - 1):
             out = torch.empty((owned.shape[0], model.width(layer)))
             for start in self._chunks(owned.shape[0], chunk_size):
@@ -133,12 +137,14 @@ class PartEvaluation:
                     progress(layer + 1, min(owned.shape[0], start + chunk_size), owned.shape[0])
             hidden = out.numpy()
         last = model.num_layers - 1
-        outputs = [torch.zeros(0, model.width(last))]
+        logits = torch.empty((nodes.shape[0], model.width(last)))  # filled chunk by chunk: no list to join
         for start in self._chunks(nodes.shape[0], chunk_size):
-            outputs.append(self.layer_rows(model, last, nodes[start:start + chunk_size], hidden, device))
+            ids = nodes[start:start + chunk_size]
+            logits[start:start + ids.shape[0]] = self.layer_rows(model, last, ids, hidden, device)
             if progress is not None:
                 progress(last + 1, min(nodes.shape[0], start + chunk_size), nodes.shape[0])
-        return torch.cat(outputs)
+        self._node_map, self._buffer = None, np.empty(0, np.uint8)  # not held between evaluations
+        return logits
 
     @torch.no_grad()
     def sampled(self, model, nodes: np.ndarray, positions: np.ndarray, fanouts: list[int], device: torch.device,
@@ -155,13 +161,25 @@ class PartEvaluation:
         for index, start in enumerate(range(0, nodes.shape[0], max(1, chunk_size))):
             chunk = nodes[start:start + chunk_size][mine[start:start + chunk_size]]
             subgraph = sampler.sample(chunk, batch_key(seed, -1, index))
-            rows, _ = self.fetcher.fetch(subgraph.input_nodes.numpy())
+            ids = subgraph.input_nodes.numpy()
+            rows, _ = self.fetcher.fetch(ids, into=self._rows(ids.shape[0], None))
             if chunk.shape[0]:
                 x = tensor_from_numpy(rows).float().to(device)
                 outputs.append(model([b.to(device) for b in subgraph.blocks], x).float().cpu())
             if progress is not None:
                 progress(0, min(nodes.shape[0], start + chunk_size), nodes.shape[0])
+        self._buffer = np.empty(0, np.uint8)
         return torch.cat(outputs)
+
+    def _rows(self, count: int, table: np.ndarray | None) -> np.ndarray:
+        """The buffer a chunk's fetched rows of ``table`` (None: the features) are written to: one, reused by
+        every chunk of an evaluation and grown to the largest (each chunk a new array, the freed ones of
+        differing sizes would stay in the heap beside the next: ``RowBuffers``)."""
+        nbytes = rows_bytes(count, self.part.features if table is None else table)
+        if self._buffer.shape[0] < nbytes:
+            self._buffer = np.empty(0, np.uint8)  # the smaller one goes first
+            self._buffer = np.empty(nbytes + nbytes // 10, np.uint8)
+        return self._buffer
 
     def _chunks(self, count: int, chunk_size: int) -> range:
         """The starts of this rank's chunks of ``count`` rows, as many as the rank with the most takes (those
@@ -181,7 +199,7 @@ class PartEvaluation:
         kernels.map_nodes(ids, self._node_map)
         (local,), frontier = relabel_into(ids, [nbrs], self._node_map)
         kernels.reset_map(frontier, self._node_map)
-        rows, _ = self.fetcher.fetch(frontier, table=hidden)
+        rows, _ = self.fetcher.fetch(frontier, table=hidden, into=self._rows(frontier.shape[0], hidden))
         if ids.shape[0] == 0:
             return torch.zeros(0, model.width(layer))
         block = Block(ids.shape[0], frontier.shape[0], torch.from_numpy(ptr), torch.from_numpy(local),

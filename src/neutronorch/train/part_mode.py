@@ -38,6 +38,9 @@ class PartitionedMode(LoadingMode):
                                          threads=self.threads.get("sampler")), limit, max(1, self.sampling.prefetch))
 
     def end_epoch(self, record: dict) -> None:
+        drop = getattr(self.loader, "drop_buffers", None)  # its batches are done; an evaluation may follow
+        if drop is not None:
+            drop()
         self.traffic.end_epoch(record)
 
     def summary(self) -> dict:

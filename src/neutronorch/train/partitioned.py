@@ -34,7 +34,7 @@ from neutronorch.nn.precision import precision_dtype
 from neutronorch.observe import Spans, Utilisation
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.factory import Threads
-from neutronorch.orchestration.remote_rows import PartitionedLoader, RemoteRows
+from neutronorch.orchestration.remote_rows import PartitionedLoader, RemoteRows, RowBuffers
 from neutronorch.orchestration.link_seeds import LinkSeeds
 from neutronorch.orchestration.seeds import NodeSeeds
 from neutronorch.sampling.exchange import ThreadExchange
@@ -225,6 +225,7 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
 def exact_mode(config: TrainConfig, part, graph: PartGraph, world: World, access, loader: PartitionedLoader, sampling,
                spans: Spans, threads: Threads, degrees, seeds, cold, evaluation_exchange, stack) -> PartitionedMode:
     """Exact mode on ``part``, sampling over the exchange ``cold`` (``part_neutronorch.build_mode``'s arguments)."""
+    loader.buffers = RowBuffers(sampling.prefetch + 2)  # the queue's, one being made, one being trained on
     mode = PartitionedMode(world, evaluation_exchange, seeds,
                            lambda: PartitionedSampler(part, cold, sampling.fanouts, degrees), loader, sampling, spans,
                            threads.sampler)

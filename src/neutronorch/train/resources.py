@@ -22,7 +22,11 @@ from neutronorch.orchestration.factory import Threads
 from neutronorch.sampling.device_sampler import check_device_sampler
 
 _M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
 _M_MMAP_MAX = -4
+_MMAP_MAX_DEFAULT = 65536  # glibc's
+RETURNED_BYTES = 1 << 20  # ``freed_blocks_returned``: blocks of this size and more get mappings of their own
+_kept = {"applied": False}  # whether ``keep_freed_memory``'s settings are in effect
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
@@ -169,4 +173,36 @@ def keep_freed_memory() -> bool:
         return False  # not glibc (musl, macOS): nothing to tune
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     # 2**31 - 1 bytes: the largest trim threshold mallopt accepts; the heap is never trimmed in practice.
-    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    _kept["applied"] = bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    return _kept["applied"]
+
+
+@contextlib.contextmanager
+def freed_blocks_returned():
+    """While inside, where ``keep_freed_memory``'s settings are in effect: glibc gives each block of
+    ``RETURNED_BYTES`` or more a mapping of its own, unmapped when it is freed, and trims the heap's free top
+    beyond 8 MiB; on leaving, the settings that keep freed memory again. For a phase whose blocks differ in
+    size from step to step and are not reused as a training step's are (a partitioned rank's evaluation:
+    docs/results/partitioned-memory-2026-12-07.md): kept, the freed ones lie beside each new one and the heap
+    grows to well over what is held at once; returned, each costs its page faults. Elsewhere, nothing."""
+    mallopt = _mallopt() if _kept["applied"] else None
+    if mallopt is None:
+        yield
+        return
+    mallopt(_M_MMAP_THRESHOLD, RETURNED_BYTES)
+    mallopt(_M_TRIM_THRESHOLD, 8 << 20)
+    mallopt(_M_MMAP_MAX, _MMAP_MAX_DEFAULT)
+    try:
+        yield
+    finally:  # blocks mapped inside are unmapped whenever they are freed, whatever the settings then
+        mallopt(_M_MMAP_MAX, 0)
+        mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
+
+
+def _mallopt():
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
+    except (OSError, AttributeError, TypeError):
+        return None
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return mallopt

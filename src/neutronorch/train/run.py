@@ -33,6 +33,7 @@ from neutronorch.train.temporal_links import evaluate_timed_links
 from neutronorch.train.temporal_nodes import evaluate_timed_nodes, timed_nodes
 from neutronorch.train.optim import Adam
 from neutronorch.train.outputs import rank_file, save_or_rescue, write_summary
+from neutronorch.train.resources import freed_blocks_returned
 from neutronorch.train.replacing import Replacement
 from neutronorch.train.summary import (MetricLog, named_scores, summarise, topology_in_file_order,
                                        write_run_curves, write_run_timeline)
@@ -105,7 +106,8 @@ class Run:
         total)`` as inference goes; checked (``train/health.py``) as the evaluation after ``epoch``."""
         config, check, typed = self.config, self.health.evaluation(epoch), self.typed
         if self.partitioned is not None:  # rank r holds part r: full-neighbour inference across the parts
-            return self.partitioned.evaluate(self, check, progress)
+            with freed_blocks_returned():  # its chunks' blocks, of many sizes, would stay in the heap
+                return self.partitioned.evaluate(self, check, progress)
         # Evaluation runs in float32 whatever the training precision; a typed graph's rows are read by type.
         store = None if typed is not None else self.mode.store.as_dtype(torch.float32)
         fanouts = None if typed is None else typed.eval_sampler.fanouts  # a typed graph's, per relation

@@ -1,0 +1,159 @@
+"""What a partitioned rank holds while it trains and evaluates (docs/results/partitioned-memory-2026-12-07.md):
+a batch's fetched rows go into buffers reused from batch to batch, an evaluation's chunks into one buffer, a
+rank's own rows are read into a fetch's output without a copy of them all on the way, and an evaluation's
+freed blocks go back to the system instead of staying in the heap."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+
+import neutronorch
+from neutronorch.data import load_dataset
+from neutronorch.data.partition import assign, write_partition
+from neutronorch.data.partition_files import load_partition
+from neutronorch.nn.models import GNN
+from neutronorch.orchestration import remote_rows
+from neutronorch.orchestration.remote_rows import RemoteRows, RowBuffers, rows_bytes
+from neutronorch.sampling.exchange import ThreadExchange
+from neutronorch.train import run as run_module
+from neutronorch.train.distributed import World
+from neutronorch.train.part_eval import PartEvaluation
+
+GRAPH = "synthetic:nodes=3000,features=16,degree=8"
+
+
+@pytest.fixture(scope="module")
+def one_part(tmp_path_factory):
+    graph = load_dataset(GRAPH)
+    folder = tmp_path_factory.mktemp("parts") / "p1"
+    write_partition(graph, assign(graph, 1, "random", seed=0), 1, folder, "random", 0, GRAPH)
+    return graph, folder
+
+
+def test_row_buffers_hand_out_a_free_one_large_enough_never_block_and_keep_at_most_their_count():
+    buffers = RowBuffers(2)
+    first = buffers.take(1000)
+    assert first.dtype == np.uint8 and first.shape[0] >= 1000
+    buffers.give_back(first)
+    assert buffers.take(900) is first  # large enough: reused
+    held = [buffers.take(1000) for _ in range(5)]  # none free: new ones, never a wait
+    assert len({id(b) for b in held + [first]}) == 6
+    for buffer in held:
+        buffers.give_back(buffer)
+    assert len(buffers._free) == 2
+    larger = buffers.take(10_000)  # none large enough: the smallest free one makes way
+    assert larger.shape[0] >= 10_000 and len(buffers._free) == 1
+    buffers.drop()
+    assert buffers._free == [] and buffers.take(10) is not larger
+
+
+def test_a_fetch_writes_into_the_buffer_given_without_a_copy_of_the_own_rows(one_part, monkeypatch):
+    graph, folder = one_part
+    part = load_partition(folder, 0, verify=False)
+    fetcher = RemoteRows(part, ThreadExchange.group(1)[0])
+    ids = np.random.default_rng(0).permutation(graph.num_nodes).astype(np.int64)
+    table = np.random.default_rng(1).random((graph.num_nodes, 256))  # 6 MB of rows, held by local index
+    into = np.empty(rows_bytes(ids.shape[0], table), np.uint8)
+    monkeypatch.setattr(remote_rows, "OWN_ROWS", 64)
+    tracemalloc.start()
+    try:
+        rows, _ = fetcher.fetch(ids, table=table, into=into)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert np.array_equal(rows, table[np.asarray(part.local_index)[ids]])
+    assert np.shares_memory(rows, into)
+    assert peak < table.nbytes / 8, peak  # the ids' own bookkeeping only: no array of all the rows
+    features, labels = fetcher.fetch(ids[:500], labelled=100, into=np.empty(rows_bytes(500, part.features), np.uint8))
+    assert np.array_equal(features, graph.features[ids[:500]]) and np.array_equal(labels, graph.labels[ids[:100]])
+
+
+def test_an_evaluation_holds_its_whole_graph_vertex_map_and_chunk_buffer_only_while_it_evaluates(one_part):
+    graph, folder = one_part
+    part = load_partition(folder, 0, verify=False)
+    evaluation = PartEvaluation(part, ThreadExchange.group(1)[0], World())
+    assert evaluation._node_map is None and evaluation._buffer.nbytes == 0
+    net = GNN("sage", graph.feature_dim, 8, graph.num_classes, 2).eval()
+    nodes = np.asarray(graph.test_idx, dtype=np.int64)
+    logits = evaluation.logits(net, nodes, torch.device("cpu"), 300)
+    assert logits.shape == (nodes.shape[0], graph.num_classes) and torch.isfinite(logits).all()
+    assert evaluation._node_map is None and evaluation._buffer.nbytes == 0
+
+
+def test_a_one_part_run_reuses_its_batches_and_chunks_buffers_and_evaluates_with_freed_blocks_returned(
+        one_part, tmp_path, monkeypatch):
+    _, folder = one_part
+    taken, into, entered = [], [], []
+    take, fetch, evaluate = RowBuffers.take, RemoteRows.fetch, PartEvaluation.evaluate
+
+    def spy_take(self, nbytes):
+        buffer = take(self, nbytes)
+        taken.append(buffer.ctypes.data)
+        return buffer
+
+    def spy_fetch(self, ids, labelled=0, table=None, into_=None, **kwargs):
+        buffer = kwargs.get("into", into_)
+        if entered and entered[-1] == "evaluating":
+            into.append(None if buffer is None else buffer.ctypes.data)
+        return fetch(self, ids, labelled, table, buffer)
+
+    @contextlib.contextmanager
+    def returned():
+        entered.append("returned")
+        yield
+        entered.append("left")
+
+    def spy_evaluate(self, *args, **kwargs):
+        entered.append("evaluating")
+        try:
+            return evaluate(self, *args, **kwargs)
+        finally:
+            entered.append("evaluated")
+
+    monkeypatch.setattr(RowBuffers, "take", spy_take)
+    monkeypatch.setattr(RemoteRows, "fetch", spy_fetch)
+    monkeypatch.setattr(PartEvaluation, "evaluate", spy_evaluate)
+    monkeypatch.setattr(run_module, "freed_blocks_returned", returned)
+    neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), hidden=16, fanouts=[4, 4], epochs=1,
+                                              batch_size=20, threads=1, sampler_threads=1, device="cpu",
+                                              eval_batch_size=200, prefetch=2))
+    assert len(taken) >= 15 and len(set(taken)) <= len(taken) // 2  # a batch's rows: a buffer used before
+    assert len(into) >= 20 and None not in into and len(set(into)) <= 4  # every chunk: the evaluation's buffer
+    assert entered == ["returned", "evaluating", "evaluated", "left"]
+
+
+_FREED = """
+import re, torch
+from neutronorch.train.resources import freed_blocks_returned, keep_freed_memory
+
+def anon():
+    return int(re.search(r"RssAnon:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) // 1024
+
+kept = keep_freed_memory()
+with freed_blocks_returned():
+    block = torch.ones(64 << 18)  # 64 MiB, touched
+    held = anon()
+    del block
+    returned = held - anon()
+block = torch.ones(64 << 18)
+held = anon()
+del block
+print(kept, returned, held - anon())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
+def test_blocks_freed_inside_go_back_to_the_system_and_are_kept_again_after():
+    kept, returned, after = subprocess.run([sys.executable, "-c", _FREED], capture_output=True, text=True,
+                                           check=True).stdout.split()
+    if kept != "True":
+        pytest.skip("not glibc: nothing is tuned")
+    assert int(returned) >= 60  # its own mapping, unmapped when freed
+    assert int(after) <= 4  # kept in the heap for reuse, as before
