@@ -61,27 +61,24 @@ class PartLinkEvaluation(PartEvaluation):
     rank reports the metrics one process would, holding only its share's rows."""
 
     def evaluate(self, run, check, progress=None) -> dict[str, float]:
-        config, model, part = run.config, run.model, self.part
+        config, model = run.config, run.model
         self.prepare(model)
         model.eval()
-        sets = eval_sets(run.graph.links, config.seed, config.eval_negatives, (0, run.graph.num_nodes))
-        nodes = named_vertices(sets, run.graph.num_nodes).numpy()
-        owned = nodes[np.asarray(part.part_of[nodes]) == part.part]
-        rows = self.logits(model.encoder, np.ascontiguousarray(owned), run.device, config.eval_batch_size, progress)
-        table = np.zeros((part.ids.shape[0], rows.shape[1]), np.float32)
-        table[part.local(owned)] = rows.numpy()
+        count, destinations = self.vertices(run)
+        sets = eval_sets(run.graph.links, config.seed, config.eval_negatives, destinations)
+        fetch = self.embed_named(run, named_vertices(sets, count).numpy(), progress)
         shares = {name: self.share_of(pairs) for name, pairs in sets.items()}
         # The rows every set's share names, fetched from their owners at once (the drawn negatives read twice,
         # a chunk at a time: here for their ids, then to score them).
-        named = torch.zeros(run.graph.num_nodes, dtype=torch.bool)
+        named = torch.zeros(count, dtype=torch.bool)
         for lo, positives, negatives in shares.values():
             named[positives.reshape(-1)] = True
             for _, chunk in negatives():
                 named[chunk.reshape(-1)] = True
         ids = named.nonzero().reshape(-1)
         del named
-        got = torch.from_numpy(self.fetcher.fetch(ids.numpy(), table=table)[0])
-        del table
+        got = torch.from_numpy(fetch(ids.numpy()))
+        del fetch  # and the rows it fetched from
         row = lambda v: got[torch.searchsorted(ids, v)].to(run.device)  # noqa: E731
         out: dict[str, float] = {}
         with torch.no_grad():
@@ -89,6 +86,21 @@ class PartLinkEvaluation(PartEvaluation):
                 scores = self.scored(model, pairs, *shares[name], row, check, SPLIT_NAMES[name])
                 out.update(set_metrics(name, scores, run.task.metric, check))
         return out
+
+    def vertices(self, run) -> tuple[int, tuple[int, int]]:
+        """The vertices pairs name (their count) and the range of their destinations' ids."""
+        return run.graph.num_nodes, (0, run.graph.num_nodes)
+
+    def embed_named(self, run, nodes: np.ndarray, progress=None):
+        """The encoder's rows of the named vertices ``nodes`` this rank owns (layer by layer across the parts),
+        and a function fetching any named vertices' rows from their owners (a collective)."""
+        part = self.part
+        owned = nodes[np.asarray(part.part_of[nodes]) == part.part]
+        rows = self.logits(run.model.encoder, np.ascontiguousarray(owned), run.device, run.config.eval_batch_size,
+                           progress)
+        table = np.zeros((part.ids.shape[0], rows.shape[1]), np.float32)
+        table[part.local(owned)] = rows.numpy()
+        return lambda ids: self.fetcher.fetch(ids, table=table)[0]
 
     def share_of(self, pairs) -> tuple[int, torch.Tensor, object]:
         """This rank's share of a set: its first positive, its positives (2, p), and a function giving its

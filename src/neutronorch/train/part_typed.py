@@ -141,24 +141,32 @@ class PartTypedEvaluation(PartEvaluation):
     def labels_of(self, ids: np.ndarray) -> np.ndarray:
         return self.part.labels[self.part.local(self.part.target, ids)]
 
-    @torch.no_grad()
     def share_logits(self, run, nodes: np.ndarray, positions: np.ndarray, progress=None) -> torch.Tensor:
-        model, config, device = run.model, run.config, run.device
-        model.eval()
-        sampler, chunk_size = run.typed.eval_sampler, max(1, config.eval_batch_size)
-        mine = nodes[positions]
-        outputs = [torch.zeros(0, model.arguments["num_classes"])]
-        for start in self._chunks(mine.shape[0], chunk_size):
-            chunk = mine[start:start + chunk_size]
-            subgraph = sampler.sample(chunk, inference_key(config.seed))
-            features = {t: rows.to(device) for t, rows in self.fetcher.rows(subgraph.input_nodes).items()}
-            self.tables.fetch(subgraph.input_nodes, self.fetcher.exchange, grad=False)
-            if chunk.shape[0]:
-                ids = {t: v.to(device) for t, v in subgraph.input_nodes.items()}
-                outputs.append(model([b.to(device) for b in subgraph.blocks], features, ids).float().cpu())
-            if progress is not None:
-                progress(0, min(mine.shape[0], start + chunk_size), mine.shape[0])
-        return torch.cat(outputs)
+        run.model.eval()
+        return sampled_rows(self, run.model, run.typed.eval_sampler, nodes[positions], run, self.tables,
+                            run.model.arguments["num_classes"], progress)
+
+
+@torch.no_grad()
+def sampled_rows(evaluation, module, sampler, ids: np.ndarray, run, tables: PartTables, width: int,
+                 progress=None) -> torch.Tensor:
+    """``module``'s rows of ``ids`` (vertices this rank owns), sampled by ``sampler`` in chunks of the
+    evaluation's batch size with the one key of a full-copy typed evaluation (``inference_key``); every rank
+    takes as many chunks (``evaluation._chunks``), each fetching its inputs' rows and table rows from their
+    owners (collectives over ``evaluation.fetcher``'s exchange)."""
+    config, device, chunk_size = run.config, run.device, max(1, run.config.eval_batch_size)
+    outputs = [torch.zeros(0, width)]
+    for start in evaluation._chunks(ids.shape[0], chunk_size):
+        chunk = ids[start:start + chunk_size]
+        subgraph = sampler.sample(chunk, inference_key(config.seed))
+        features = {t: rows.to(device) for t, rows in evaluation.fetcher.rows(subgraph.input_nodes).items()}
+        tables.fetch(subgraph.input_nodes, evaluation.fetcher.exchange, grad=False)
+        if chunk.shape[0]:
+            inputs = {t: v.to(device) for t, v in subgraph.input_nodes.items()}
+            outputs.append(module([b.to(device) for b in subgraph.blocks], features, inputs).float().cpu())
+        if progress is not None:
+            progress(0, min(ids.shape[0], start + chunk_size), ids.shape[0])
+    return torch.cat(outputs)
 
 
 class TypedPartMode(PartitionedMode):

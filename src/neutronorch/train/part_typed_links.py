@@ -29,14 +29,12 @@ from neutronorch.orchestration.factory import Threads
 from neutronorch.orchestration.link_seeds import EndsSampler, LinkSeeds
 from neutronorch.orchestration.remote_rows import RemoteRows
 from neutronorch.train.distributed import World
-from neutronorch.train.evaluate import inference_key
-from neutronorch.train.health import SPLIT_NAMES
 from neutronorch.train.heterogeneous import TypedOptions
-from neutronorch.train.link_task import LinkTask, check_link_settings, eval_sets, named_vertices, set_metrics
+from neutronorch.train.link_task import LinkTask, check_link_settings
 from neutronorch.train.part_links import PartLinkEvaluation
 from neutronorch.train.part_tables import PartTables
 from neutronorch.train.part_typed import (TypedPartLoader, TypedRemoteRows, check_typed_request, part_graph,
-                                          typed_mode, typed_run, typed_setup)
+                                          sampled_rows, typed_mode, typed_run, typed_setup)
 from neutronorch.train.run import Run
 
 logger = logging.getLogger("neutronorch")
@@ -70,12 +68,11 @@ class PartTypedLinkEvaluation(PartLinkEvaluation):
         self.tables = {t: RemoteRows(part.view(t), exchange) for t in ends.types}
         self.owner = stacked_owners(part, ends)
 
-    def evaluate(self, run, check, progress=None) -> dict[str, float]:
-        config, model, part, ends = run.config, run.model, self.part, self.ends
-        self.prepare(model)
-        model.eval()
-        sets = eval_sets(run.graph.links, config.seed, config.eval_negatives, ends.destinations)
-        nodes = named_vertices(sets, ends.num_nodes).numpy()
+    def vertices(self, run) -> tuple[int, tuple[int, int]]:
+        return self.ends.num_nodes, self.ends.destinations
+
+    def embed_named(self, run, nodes: np.ndarray, progress=None):
+        part, ends = self.part, self.ends
         owned = np.ascontiguousarray(nodes[self.owner[nodes] == part.part])
         rows = self.embedded(run, owned, progress).numpy()
         tables, at = {}, 0
@@ -83,44 +80,16 @@ class PartTypedLinkEvaluation(PartLinkEvaluation):
             tables[t] = np.zeros((part.ids[t].shape[0], rows.shape[1]), np.float32)
             tables[t][part.local(t, ids)] = rows[at:at + ids.shape[0]]
             at += ids.shape[0]
-        del rows
-        shares = {name: self.share_of(pairs) for name, pairs in sets.items()}
-        named = torch.zeros(ends.num_nodes, dtype=torch.bool)  # the rows the shares name, fetched at once
-        for lo, positives, negatives in shares.values():
-            named[positives.reshape(-1)] = True
-            for _, chunk in negatives():
-                named[chunk.reshape(-1)] = True
-        ids = named.nonzero().reshape(-1)
-        del named
-        got = torch.from_numpy(np.concatenate([self.tables[t].fetch(local, table=tables[t])[0]
-                                               for t, local in ends.split(ids.numpy()).items()]))
-        del tables
-        row = lambda v: got[torch.searchsorted(ids, v)].to(run.device)  # noqa: E731
-        out: dict[str, float] = {}
-        with torch.no_grad():
-            for name, pairs in sets.items():
-                scores = self.scored(model, pairs, *shares[name], row, check, SPLIT_NAMES[name])
-                out.update(set_metrics(name, scores, run.task.metric, check))
-        return out
+        return lambda ids: np.concatenate([self.tables[t].fetch(local, table=tables[t])[0]
+                                           for t, local in ends.split(ids).items()])
 
-    @torch.no_grad()
     def embedded(self, run, owned: np.ndarray, progress=None) -> torch.Tensor:
-        """The encoder's rows of ``owned`` (stacked ids this part owns, ascending), sampled in chunks of the
-        evaluation's batch size with ``inference_key``; every rank takes as many chunks (collectives)."""
-        encoder, device = run.model.encoder, run.device
-        sampler, chunk_size = EndsSampler(run.typed.eval_sampler, self.ends), max(1, run.config.eval_batch_size)
-        outputs = [torch.zeros(0, encoder.arguments["num_classes"])]
-        for start in self._chunks(owned.shape[0], chunk_size):
-            chunk = owned[start:start + chunk_size]
-            subgraph = sampler.sample(chunk, inference_key(run.config.seed))
-            features = {t: rows.to(device) for t, rows in self.fetcher.rows(subgraph.input_nodes).items()}
-            self.part_tables.fetch(subgraph.input_nodes, self.fetcher.exchange, grad=False)
-            if chunk.shape[0]:
-                ids = {t: v.to(device) for t, v in subgraph.input_nodes.items()}
-                outputs.append(encoder([b.to(device) for b in subgraph.blocks], features, ids).float().cpu())
-            if progress is not None:
-                progress(0, min(owned.shape[0], start + chunk_size), owned.shape[0])
-        return torch.cat(outputs)
+        """The encoder's rows of ``owned`` (stacked ids this part owns, ascending), sampled as a full-copy run's
+        evaluation samples them (``part_typed.sampled_rows``)."""
+        encoder = run.model.encoder
+        encoder.eval()
+        return sampled_rows(self, encoder, EndsSampler(run.typed.eval_sampler, self.ends), owned, run,
+                            self.part_tables, encoder.arguments["num_classes"], progress)
 
 
 def build_typed_link_run(config: TrainConfig, part: TypedPartition, device: torch.device, threads: Threads,
