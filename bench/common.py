@@ -44,6 +44,16 @@ def run_json(command: list[str], summary: Path, env_threads: int | None = None) 
     return json.loads(summary.read_text())
 
 
+def verdict_lines(worst: float, target: float, worst_lane: dict | None = None,
+                  what: str = "from the model") -> list[str]:
+    """A model check's closing lines: the largest difference per lane (where given), and the largest of all
+    against ``target``, PASS or FAIL."""
+    lanes = [] if worst_lane is None else [
+        "largest difference per lane: " + ", ".join(f"{lane} {off:.1%}" for lane, off in worst_lane.items())]
+    return lanes + [f"largest difference {what}: {worst:.1%} ({'PASS' if worst <= target else 'FAIL'}: "
+                    f"target {target:.0%})"]
+
+
 def steady_median(epoch_seconds: list[float]) -> float:
     """Median epoch time without the first epoch (JIT compilation, cold page cache) when there are more."""
     steady = epoch_seconds[1:] if len(epoch_seconds) > 1 else epoch_seconds

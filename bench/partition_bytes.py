@@ -28,7 +28,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from common import OUT
+from common import OUT, verdict_lines
 from partition_bytes_typed import compare_typed, is_typed, predict_typed
 
 from neutronorch.orchestration.partition_cost import (DEALINGS, CostInputs, Degrees, epoch_seconds,
@@ -88,8 +88,7 @@ def compare(parts: Path, summary: dict, dealing: str) -> list[str]:
     lines += ["", f"input rows per batch, rank 0: measured {record['input_nodes_per_batch']:,.0f}, model "
                   f"{rows['model']:,.0f} ({record['input_nodes_per_batch'] / rows['model']:.3f}), one class "
                   f"{rows['one class']:,.0f} ({record['input_nodes_per_batch'] / rows['one class']:.3f})",
-              f"largest difference from the model: {worst:.1%} ({'PASS' if worst <= TARGET else 'FAIL'}: "
-              f"target {TARGET:.0%})"]
+              *verdict_lines(worst, TARGET)]
     return lines
 
 
@@ -123,9 +122,7 @@ def compare_lanes(parts: Path, summary: dict, dealing: str) -> list[str]:
                   f"{model['computed']:,.0f}, reached {hot['mean_reached_per_super_batch']:,.0f} / "
                   f"{model['reached']:,.0f}; reuse rate "
                   f"{hot['reuse_rate']:.3f} / {model['reuse_rate']:.3f}",
-              "largest difference per lane: " + ", ".join(f"{lane} {off:.1%}" for lane, off in worst_lane.items()),
-              f"largest difference of a rank's total from the model: {worst:.1%} "
-              f"({'PASS' if worst <= TARGET else 'FAIL'}: target {TARGET:.0%})"]
+              *verdict_lines(worst, TARGET, worst_lane, "of a rank's total from the model")]
     return lines
 
 

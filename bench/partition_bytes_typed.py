@@ -8,6 +8,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from common import verdict_lines
+
 from neutronorch.orchestration.partition_cost import rank_batches
 from neutronorch.orchestration.partition_cost_typed import (TypedCostInputs, batch_bytes, evaluation_bytes,
                                                             of_typed_partition, training_bytes)
@@ -65,9 +67,7 @@ def compare_typed(parts: Path, summary: dict, target: float) -> list[str]:
     lines += ["", f"input rows per batch (every type), rank 0: measured {measured_rows:,.0f}, model "
                   f"{rows['model']:,.0f} ({measured_rows / rows['model']:.3f}), one class {rows['one class']:,.0f} "
                   f"({measured_rows / rows['one class']:.3f})",
-              "largest difference per lane: " + ", ".join(f"{lane} {off:.1%}" for lane, off in worst_lane.items()),
-              f"largest difference from the model: {worst:.1%} ({'PASS' if worst <= target else 'FAIL'}: "
-              f"target {target:.0%})"]
+              *verdict_lines(worst, target, worst_lane)]
     return lines
 
 

@@ -21,8 +21,8 @@ from neutronorch.data.partition_meta import (AGAIN, FORMAT, FORMAT_VERSION, MANI
                                              is_partition_dir, is_typed, part_array, part_folder, partition_id,
                                              read_manifest)
 from neutronorch.data.partition_typed_files import load_typed_partition, typed_owners, typed_summary
-from neutronorch.data.typed_parts import TypedPartition
-from neutronorch.errors import ConfigError, DataError
+from neutronorch.data.typed_parts import OwnedRows, TypedPartition
+from neutronorch.errors import ConfigError
 
 GLOBAL_ARRAYS = ("part_of", "local_index", *SPLITS)
 PART_ARRAYS = ("ids", "indptr", "indices", "features", "labels", *SPLITS)
@@ -48,42 +48,22 @@ def dealing_owners(folder: str | Path, world_size: int, num_nodes: int, typed: b
     return part_array(folder, "part_of.npy")
 
 
-@dataclass
-class Partition:
+@dataclass(kw_only=True)
+class Partition(OwnedRows):
     """One part of a partitioned graph: its owned vertices (``ids``, ascending global ids; local index i is
     ``ids[i]``), their in-edges as a CSC over the local rows whose ``indices`` are global ids, and their
     features, labels and split ids (global ids of owned vertices, in the source split's order); plus the
     global ``part_of`` (owner of every vertex), ``local_index`` (its index in its owner) and ``global_splits``
-    (the whole graph's split, in its order), and a link dataset's ``links``."""
+    (the whole graph's split, in its order), and a link dataset's ``links``; ``local`` and ``owner`` are
+    ``OwnedRows``'."""
 
-    part: int
-    parts: int
     manifest: dict
     ids: np.ndarray
     indptr: np.ndarray
     indices: np.ndarray
-    features: np.ndarray
-    labels: np.ndarray
     splits: dict[str, np.ndarray]
-    part_of: np.ndarray
-    local_index: np.ndarray
     global_splits: dict[str, np.ndarray]
     links: LinkSplit | None = None  # a link-prediction dataset's split, whole (``partition_links.py``)
-
-    @property
-    def num_nodes(self) -> int:
-        """The vertices of the whole graph."""
-        return int(self.part_of.shape[0])
-
-    def owner(self, ids: np.ndarray) -> np.ndarray:
-        return np.asarray(self.part_of[np.asarray(ids)])
-
-    def local(self, ids: np.ndarray) -> np.ndarray:
-        """The local index of each of ``ids``, which this part must own."""
-        ids = np.asarray(ids)
-        if (self.part_of[ids] != self.part).any():
-            raise DataError(f"part {self.part}: asked for the local index of vertices another part owns.")
-        return np.asarray(self.local_index[ids], dtype=np.int64)
 
 
 def load_partition(folder: str | Path, part: int, world_size: int | None = None, verify: bool = True

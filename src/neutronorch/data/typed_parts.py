@@ -4,7 +4,7 @@ index i is ``ids[t][i]``) and their feature rows, and per relation the in-edges 
 CSC over their local rows whose ``indices`` are source ids of the whole graph (of the source type), each
 destination's in-edges in the whole graph's order, so that a draw keyed by the vertex draws what the whole
 graph's sampler draws. A homogeneous graph's part (``partition_files.Partition``) is the case of one type and
-one relation; ``TypedPartition.view(t)`` is one type seen as such a part, what ``RemoteRows`` fetches from.
+one relation; ``TypedPartition.view(t)`` is one type's ``OwnedRows``, what ``RemoteRows`` fetches from.
 
 ``split_typed`` cuts a ``TypedGraph`` into its parts in memory (the writer, ``partition_typed.py``, writes them
 as files; tests build parts with it). Imports no torch."""
@@ -23,10 +23,11 @@ from neutronorch.errors import DataError
 
 
 @dataclass
-class TypeView:
-    """One vertex type of a typed part, with the attributes of a homogeneous ``Partition`` that fetching rows
-    reads: ``part_of`` and ``local_index`` of the type's vertices, the part's rows of the type (a featureless
-    type's are zero-width) and labels (the target's; other types' are zero-width)."""
+class OwnedRows:
+    """One kind of vertices of a part, what fetching rows from their owners reads (``RemoteRows``): each
+    vertex's owner (``part_of``) and row in its owner's arrays (``local_index``), and this part's rows of them,
+    ``features`` and ``labels`` (zero-width where there are none). A homogeneous part (``partition_files.
+    Partition``) is one; a typed part's type is another (``TypedPartition.view``, ``node_type`` naming it)."""
 
     part: int
     parts: int
@@ -34,14 +35,22 @@ class TypeView:
     local_index: np.ndarray
     features: np.ndarray
     labels: np.ndarray
-    node_type: str
+    node_type: str | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        """The vertices of the whole graph (of the type)."""
+        return int(self.part_of.shape[0])
+
+    def owner(self, ids: np.ndarray) -> np.ndarray:
+        return np.asarray(self.part_of[np.asarray(ids)])
 
     def local(self, ids: np.ndarray) -> np.ndarray:
         """The local index of each of ``ids``, which this part must own."""
         ids = np.asarray(ids)
         if (self.part_of[ids] != self.part).any():
-            raise DataError(f"part {self.part}: asked for the local index of {self.node_type} vertices another part "
-                            f"owns.")
+            kind = f"{self.node_type} " if self.node_type else ""
+            raise DataError(f"part {self.part}: asked for the local index of {kind}vertices another part owns.")
         return np.asarray(self.local_index[ids], dtype=np.int64)
 
 
@@ -81,14 +90,14 @@ class TypedPartition:
     def local(self, node_type: str, ids: np.ndarray) -> np.ndarray:
         return self.view(node_type).local(ids)
 
-    def view(self, node_type: str) -> TypeView:
-        """``node_type`` as a homogeneous part (``TypeView``)."""
+    def view(self, node_type: str) -> OwnedRows:
+        """``node_type``'s vertices of this part (``OwnedRows``), as a homogeneous part's are."""
         owned = self.ids[node_type].shape[0]
         features = self.features.get(node_type)
         if features is None:
             features = np.zeros((owned, 0), np.float32)
         labels = self.labels if node_type == self.target else np.zeros((owned, 0), np.int64)
-        return TypeView(self.part, self.parts, self.part_of[node_type], self.local_index[node_type], features,
+        return OwnedRows(self.part, self.parts, self.part_of[node_type], self.local_index[node_type], features,
                         labels, node_type)
 
 

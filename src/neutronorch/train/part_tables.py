@@ -65,10 +65,12 @@ class PartTables:
     def __init__(self, part, exchange):
         self.part, self.exchange = part, exchange
         self.tables: dict[str, OwnedTable] = {}
+        self._fetchers: dict[tuple[str, int], RemoteRows] = {}
 
     def attach(self, model: nn.Module) -> None:
         """Hold ``model``'s ``OwnedTable``s (made by ``maker``)."""
         self.tables = {m.node_type: m for m in model.modules() if isinstance(m, OwnedTable)}  # a link model's too
+        self._fetchers: dict[tuple[str, int], RemoteRows] = {}  # per table and exchange, made once
 
     def shapes(self) -> dict[str, tuple[int, int]]:
         return {t: tuple(table.weight.shape) for t, table in self.tables.items()}
@@ -81,11 +83,14 @@ class PartTables:
     def fetch(self, ids: dict[str, torch.Tensor], exchange=None, grad: bool = True) -> None:
         """Fetch every table's rows of ``ids`` (per type; a type absent: none) from their owners, for the next
         forward, as leaves with gradients (``grad``). A collective over ``exchange`` (default the tables')."""
+        exchange = exchange or self.exchange
         for t, table in self.tables.items():
             wanted = ids.get(t)
             asked = np.zeros(0, np.int64) if wanted is None else wanted.cpu().numpy()
-            view = self.part.view(t)
-            rows, _ = RemoteRows(view, exchange or self.exchange).fetch(asked, table=table.weight.detach().numpy())
+            fetcher = self._fetchers.get((t, id(exchange)))
+            if fetcher is None:
+                fetcher = self._fetchers[(t, id(exchange))] = RemoteRows(self.part.view(t), exchange)
+            rows, _ = fetcher.fetch(asked, table=table.weight.detach().numpy())
             rows = torch.from_numpy(rows).requires_grad_(grad)
             table.fetched, table.looked_up = (wanted, rows) if wanted is not None else None, False
 

@@ -90,7 +90,7 @@ def gathered_labels(part: TypedPartition, world: World) -> np.ndarray:
 
 class TypedRemoteRows:
     """Each featured type's rows of a typed frontier, fetched from their owners (``RemoteRows`` of the type's
-    ``TypeView``, every featured type in the graph's order, every rank taking part even with no row to ask)."""
+    ``OwnedRows``, every featured type in the graph's order, every rank taking part even with no row to ask)."""
 
     def __init__(self, part: TypedPartition, exchange):
         self.part, self.exchange = part, exchange
