@@ -234,6 +234,10 @@ def test_a_machines_memory_counts_its_part_and_the_whole_graphs_maps():
     assert memory["features"] == 25_000 * 32 * 4
     assert memory["topology"] == 8 * 25_001 + 4 * 250_000
     assert memory["id_maps"] == 100_000 * 8 + 8 * 30_000
+    # The vertex maps are sized to a batch's and a chunk's frontiers, not to the graph.
+    assert memory["vertex_maps"] == pytest.approx(machine_memory(toy(nodes=1_000_000, edges=10_000_000))["vertex_maps"],
+                                                  rel=0.05)
+    assert memory["vertex_maps"] < 16 * 100_000
     assert memory["total"] == pytest.approx(sum(v for k, v in memory.items() if k != "total"))
 
 

@@ -22,6 +22,7 @@ from neutronorch.nn.models import GNN
 from neutronorch.orchestration import remote_rows
 from neutronorch.orchestration.remote_rows import RemoteRows, RowBuffers, rows_bytes
 from neutronorch.sampling.exchange import ThreadExchange
+from neutronorch.sampling.frontier_map import FrontierMap
 from neutronorch.train import run as run_module
 from neutronorch.train.distributed import World
 from neutronorch.train.part_eval import PartEvaluation
@@ -75,16 +76,17 @@ def test_a_fetch_writes_into_the_buffer_given_without_a_copy_of_the_own_rows(one
     assert np.array_equal(features, graph.features[ids[:500]]) and np.array_equal(labels, graph.labels[ids[:100]])
 
 
-def test_an_evaluation_holds_its_whole_graph_vertex_map_and_chunk_buffer_only_while_it_evaluates(one_part):
+def test_an_evaluation_holds_a_chunk_sized_vertex_map_and_chunk_buffer_only_while_it_evaluates(one_part):
     graph, folder = one_part
     part = load_partition(folder, 0, verify=False)
     evaluation = PartEvaluation(part, ThreadExchange.group(1)[0], World())
-    assert evaluation._node_map is None and evaluation._buffer.nbytes == 0
+    empty = FrontierMap()._table.nbytes
+    assert evaluation._map._table.nbytes == empty and evaluation._buffer.nbytes == 0
     net = GNN("sage", graph.feature_dim, 8, graph.num_classes, 2).eval()
     nodes = np.asarray(graph.test_idx, dtype=np.int64)
     logits = evaluation.logits(net, nodes, torch.device("cpu"), 300)
     assert logits.shape == (nodes.shape[0], graph.num_classes) and torch.isfinite(logits).all()
-    assert evaluation._node_map is None and evaluation._buffer.nbytes == 0
+    assert evaluation._map._table.nbytes == empty and evaluation._buffer.nbytes == 0
 
 
 def test_a_one_part_run_reuses_its_batches_and_chunks_buffers_and_evaluates_with_freed_blocks_returned(

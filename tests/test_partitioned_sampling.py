@@ -17,7 +17,8 @@ from neutronorch.data import load_dataset
 from neutronorch.data.partition import assign, write_partition
 from neutronorch.data.partition_files import load_partition
 from neutronorch.errors import ConfigError
-from neutronorch.orchestration.remote_rows import RemoteRows
+from neutronorch.orchestration import remote_rows
+from neutronorch.orchestration.remote_rows import ROUND_BYTES, RemoteRows
 from neutronorch.sampling.exchange import ThreadExchange
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
 from neutronorch.sampling.partitioned import PartitionedSampler, global_in_degrees
@@ -154,11 +155,17 @@ def test_blocks_carry_their_sources_whole_graph_degrees_where_asked(graph, folde
     run_threads(rank, parts)
 
 
-@pytest.mark.parametrize("parts", [2, 4])
-def test_threads_fetch_the_whole_graphs_feature_rows_and_labels(graph, folders, parts):
+@pytest.mark.parametrize("parts,round_bytes", [(2, ROUND_BYTES), (4, ROUND_BYTES), (4, 1000)])
+def test_threads_fetch_the_whole_graphs_feature_rows_and_labels(graph, folders, parts, round_bytes, monkeypatch):
+    """With ``round_bytes`` of 1000, the replies come in rounds of a few rows each, labels across them."""
+    monkeypatch.setattr(remote_rows, "ROUND_BYTES", round_bytes)
     results = run_threads(lambda rank, exchange: sample_all(graph, folders["metis", parts], parts, rank, exchange,
                                                             [4, 3], rows=True), parts)
     assert all(sampler.exchange.sent_bytes > 0 for _, sampler in results)
+    calls = [sampler.exchange.calls for _, sampler in results]
+    assert len(set(calls)) == 1  # every rank took as many rounds
+    one_round = len(rank_batches(graph, parts, 0)) * (3 * 2 + 2 * 2)  # per batch: 2 hops of 3, 2 fetches of 2
+    assert (calls[0] == one_round) == (round_bytes == ROUND_BYTES), (calls, one_round)
 
 
 def test_bfloat16_rows_and_a_part_that_owns_nothing(tmp_path):

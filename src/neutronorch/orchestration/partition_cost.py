@@ -24,6 +24,7 @@ import numpy as np
 
 from neutronorch.errors import ConfigError
 from neutronorch.sampling.exchange import SIZE_BYTES
+from neutronorch.sampling.frontier_map import FRONTIER_MAP_BYTES
 
 ID_BYTES, COUNT_BYTES, FLOAT_BYTES = 8, 4, 4  # an asked id (int64), a drawn count (int32), a hidden row's entry
 DEALINGS = ("owner", "position")
@@ -325,8 +326,9 @@ def of_partition(folder, fanouts, batch_size: int, hidden: int = 64, **options) 
 def machine_memory(inputs: CostInputs, layers_kept: int = 2) -> dict[str, float]:
     """Bytes one machine (one rank) holds of an equal part: the part's features and topology (CSC offsets and
     in-neighbours), its ids and labels, the whole graph's id maps (``part_of`` int32, ``local_index`` int32
-    below 2**31 rows a part) and split, the vertex maps of the sampler and of evaluation (8 bytes a vertex
-    each), and evaluation's ``layers_kept`` layers of ``hidden`` floats for the part's vertices."""
+    below 2**31 rows a part) and split, the vertex maps of the sampler and of evaluation (sized to a batch's
+    input frontier and to an evaluation chunk's: ``FRONTIER_MAP_BYTES`` a vertex at most), and evaluation's
+    ``layers_kept`` layers of ``hidden`` floats for the part's vertices."""
     n, k = inputs.nodes, inputs.ranks
     part = n / k
     local_bytes = 4 if part < 2**31 else 8
@@ -334,7 +336,9 @@ def machine_memory(inputs: CostInputs, layers_kept: int = 2) -> dict[str, float]
               "topology": 8 * (part + 1) + inputs.neighbour_bytes * inputs.edges / k,
               "ids_labels": part * (8 + inputs.label_bytes),
               "id_maps": n * (4 + local_bytes) + 8 * (inputs.train + inputs.eval_nodes),
-              "vertex_maps": 16 * n,
+              "vertex_maps": FRONTIER_MAP_BYTES * (sum(frontier(inputs, 0, inputs.batch_size)[-1][where]
+                                                       for where in ("own", "remote"))
+                                                   + min(n, inputs.eval_batch_size * (1 + inputs.edges / n))),
               "evaluation_rows": layers_kept * part * inputs.hidden * FLOAT_BYTES}
     memory["total"] = sum(memory.values())
     return memory

@@ -21,6 +21,7 @@ from neutronorch.sampling.partitioned import by_owner
 
 
 OWN_ROWS = 8192  # a rank's own rows are read into a fetch's output this many at a time
+ROUND_BYTES = 4 << 20  # the bytes of rows a rank sends in one round of a fetch, to all askers together
 
 
 def row_bytes(table: np.ndarray) -> int:
@@ -65,12 +66,41 @@ class RowBuffers:
             self._free.clear()
 
 
+class GrowingBuffer:
+    """One byte buffer reused by one thread's successive uses, grown to the largest (10% over): the blocks of a
+    new one each time, of sizes that differ, would stay in the heap beside the next (``RowBuffers``)."""
+
+    def __init__(self):
+        self._array = np.empty(0, np.uint8)
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """At least ``nbytes`` bytes, valid until the next ``take`` or ``drop``."""
+        if self._array.shape[0] < nbytes:
+            self._array = np.empty(0, np.uint8)  # the smaller one goes first
+            self._array = np.empty(nbytes + nbytes // 10, np.uint8)
+        return self._array
+
+    def drop(self) -> None:
+        self._array = np.empty(0, np.uint8)
+
+    @property
+    def nbytes(self) -> int:
+        return self._array.nbytes
+
+
 class RemoteRows:
-    """Fetches rows of ``part``'s (``data.partition_files.Partition``) graph through ``exchange``."""
+    """Fetches rows of ``part``'s (``data.partition_files.Partition``) graph through ``exchange``. The bytes it
+    sends and receives go through two reused buffers (one thread fetches at a time), let go by
+    ``drop_buffers``."""
 
     def __init__(self, part, exchange: Exchange):
         self.part, self.exchange = part, exchange
         self.fetched = 0  # rows this rank fetched from other ranks
+        self._send, self._received = GrowingBuffer(), GrowingBuffer()
+
+    def drop_buffers(self) -> None:
+        self._send.drop()
+        self._received.drop()
 
     def fetch(self, ids, labelled: int = 0, table: np.ndarray | None = None, into: np.ndarray | None = None
               ) -> tuple[np.ndarray, np.ndarray]:
@@ -78,7 +108,12 @@ class RemoteRows:
         holds a row of for each of its vertices, by local index (default: the features); each rank passes
         its own, of one dtype and width on every rank. ``into``: a byte buffer (uint8) of at least
         ``rows_bytes(len(ids), table)`` the rows are written to, at its start (the rows returned are a view
-        of it); None: a new array. A collective: every rank calls it at the same time."""
+        of it); None: a new array. A collective: every rank calls it at the same time.
+
+        The replies come in rounds of at most ``ROUND_BYTES`` of rows a rank sends (``reply_step``): a rank's
+        buffers for them stay that small whatever the batch. Every rank learns the rounds from the requests:
+        each request's first word holds, beside the count of seeds asked, the most ids its sender asks any
+        rank for (``header``)."""
         part, exchange = self.part, self.exchange
         table = part.features if table is None else table
         labels = part.labels
@@ -86,45 +121,90 @@ class RemoteRows:
         order, asks = by_owner(ids, part.part_of, part.parts)
         owners = np.asarray(part.part_of[ids[:labelled]])
         wanted = np.bincount(owners, minlength=part.parts) if labelled else np.zeros(part.parts, np.int64)
-        self.fetched += sum(a.shape[0] for k, a in enumerate(asks) if k != part.part)
         me = part.part  # this rank's own rows are read here, never sent to itself
-        width, label_width = row_bytes(table), row_bytes(labels)
-        with exchange.unit():  # one unit of a ``Lane``: no rank stops within it
-            requests = exchange.all_to_all([np.concatenate([[wanted[k]], asks[k]]).astype(np.int64) if k != me
-                                            else np.zeros(1, np.int64) for k in range(part.parts)])
-            # Each asker's rows, then its labels, gathered straight into one buffer of the reply's bytes.
-            asked = [request.reshape(-1) for request in requests]
-            rows = [part.local(request[1:]) if request.shape[0] > 1 else np.zeros(0, np.int64) for request in asked]
-            counts = [int(request[0]) for request in asked]
-            sizes = [r.shape[0] * width + m * label_width for r, m in zip(rows, counts)]
-            send, at = np.empty(sum(sizes), np.uint8), 0
-            for r, m in zip(rows, counts):
-                np.take(table, r, axis=0, out=send[at:at + r.shape[0] * width].view(table.dtype).reshape(
-                    (r.shape[0], *table.shape[1:])))
-                at += r.shape[0] * width
-                np.take(labels, r[:m], axis=0, out=send[at:at + m * label_width].view(labels.dtype).reshape(
-                    (m, *labels.shape[1:])))
-                at += m * label_width
-            got, got_sizes = exchange.swap_packed(send, sizes, [a.shape[0] * width + int(m) * label_width if k != me
-                                                               else 0 for k, (a, m) in enumerate(zip(asks, wanted))])
+        self.fetched += sum(a.shape[0] for k, a in enumerate(asks) if k != me)
+        largest = max([a.shape[0] for k, a in enumerate(asks) if k != me], default=0)
         out = (np.empty((ids.shape[0], *table.shape[1:]), table.dtype) if into is None else
-               into[:ids.shape[0] * width].view(table.dtype).reshape((ids.shape[0], *table.shape[1:])))
+               into[:ids.shape[0] * row_bytes(table)].view(table.dtype).reshape((ids.shape[0], *table.shape[1:])))
         out_labels = np.empty((labelled, *labels.shape[1:]), labels.dtype)
-        at, start = 0, 0
-        for k, size in enumerate(got_sizes):
-            n, m = asks[k].shape[0], int(wanted[k])
-            positions = order[at:at + n]
-            if k == me:
-                own = np.asarray(part.local_index[asks[k]], dtype=np.int64)  # by_owner found them this part's
-                for first in range(0, n, OWN_ROWS):  # a slice at a time: no copy of all of them on the way
-                    out[positions[first:first + OWN_ROWS]] = table[own[first:first + OWN_ROWS]]
-                out_labels[positions[:m]] = labels[own[:m]]
-            else:
-                out[positions] = got[start:start + n * width].view(table.dtype).reshape((n, *table.shape[1:]))
-                out_labels[positions[:m]] = got[start + n * width:start + size].view(labels.dtype).reshape(
-                    (m, *labels.shape[1:]))
-            at, start = at + n, start + size
+        starts = np.concatenate([[0], np.cumsum([a.shape[0] for a in asks])])  # each owner's run in ``order``
+        with exchange.unit():  # one unit of a ``Lane``: no rank stops within it
+            requests = exchange.all_to_all([np.concatenate([[header(wanted[k] if k != me else 0, largest)],
+                                                            asks[k] if k != me else []]).astype(np.int64)
+                                            for k in range(part.parts)])
+            asked = [request.reshape(-1) for request in requests]
+            counts = [int(request[0]) & LOW for request in asked]
+            rows = [part.local(request[1:]) if request.shape[0] > 1 else np.zeros(0, np.int64) for request in asked]
+            step = reply_step(table, part.parts)
+            rounds = max(1, -(-max(int(request[0]) >> 32 for request in asked) // step))
+            for lo in range(0, rounds * step, step):
+                got, got_sizes = exchange.swap_packed(
+                    self._reply(rows, counts, table, lo, step),
+                    [piece_bytes(r.shape[0], m, lo, step, table, labels) for r, m in zip(rows, counts)],
+                    [piece_bytes(a.shape[0], int(m), lo, step, table, labels) if k != me else 0
+                     for k, (a, m) in enumerate(zip(asks, wanted))], self._received.take)
+                at = 0
+                for k, size in enumerate(got_sizes):
+                    if size:
+                        n, m = pieces(asks[k].shape[0], int(wanted[k]), lo, step)
+                        positions = order[starts[k] + lo:starts[k] + lo + n]
+                        out[positions] = got[at:at + n * row_bytes(table)].view(table.dtype).reshape(
+                            (n, *table.shape[1:]))
+                        out_labels[positions[:m]] = got[at + n * row_bytes(table):at + size].view(
+                            labels.dtype).reshape((m, *labels.shape[1:]))
+                    at += size
+        positions = order[starts[me]:starts[me + 1]]
+        own = np.asarray(part.local_index[asks[me]], dtype=np.int64)  # by_owner found them this part's
+        for first in range(0, own.shape[0], OWN_ROWS):  # a slice at a time: no copy of all of them on the way
+            out[positions[first:first + OWN_ROWS]] = table[own[first:first + OWN_ROWS]]
+        m = int(wanted[me])
+        out_labels[positions[:m]] = labels[own[:m]]
         return out, out_labels
+
+    def _reply(self, rows: list[np.ndarray], counts: list[int], table: np.ndarray, lo: int, step: int) -> np.ndarray:
+        """This round's reply to every asker (its rows ``lo:lo + step``, then the labels of those among its
+        first ``counts`` rows), gathered straight into the reused send buffer."""
+        labels = self.part.labels
+        sizes = [piece_bytes(r.shape[0], m, lo, step, table, labels) for r, m in zip(rows, counts)]
+        send, at = self._send.take(sum(sizes))[:sum(sizes)], 0
+        for r, m in zip(rows, counts):
+            n, m = pieces(r.shape[0], m, lo, step)
+            piece = r[lo:lo + n]
+            np.take(table, piece, axis=0, out=send[at:at + n * row_bytes(table)].view(table.dtype).reshape(
+                (n, *table.shape[1:])))
+            at += n * row_bytes(table)
+            np.take(labels, piece[:m], axis=0, out=send[at:at + m * row_bytes(labels)].view(labels.dtype).reshape(
+                (m, *labels.shape[1:])))
+            at += m * row_bytes(labels)
+        return send
+
+
+LOW = (1 << 32) - 1
+
+
+def header(labelled: int, largest: int) -> int:
+    """A request's first word: the count of its ids whose labels are asked (low 32 bits) and the most ids its
+    sender asks any rank for (high 32 bits)."""
+    if max(labelled, largest) > LOW >> 1:
+        raise ValueError(f"a fetch of {largest:,} rows from one rank: at most {LOW >> 1:,}")
+    return int(labelled) | (int(largest) << 32)
+
+
+def reply_step(table: np.ndarray, parts: int) -> int:
+    """The rows a rank sends each asker in one round of a fetch: ``ROUND_BYTES`` over every other rank."""
+    return max(1, ROUND_BYTES // max(1, row_bytes(table) * max(1, parts - 1)))
+
+
+def pieces(n: int, labelled: int, lo: int, step: int) -> tuple[int, int]:
+    """Of a request of ``n`` ids, the first ``labelled`` labelled: (the rows of the round from ``lo``, the
+    labels among them)."""
+    rows = max(0, min(n, lo + step) - lo)
+    return rows, max(0, min(labelled, lo + step) - lo)
+
+
+def piece_bytes(n: int, labelled: int, lo: int, step: int, table: np.ndarray, labels: np.ndarray) -> int:
+    rows, m = pieces(n, labelled, lo, step)
+    return rows * row_bytes(table) + m * row_bytes(labels)
 
 
 class PartitionedLoader:
@@ -166,6 +246,7 @@ class PartitionedLoader:
         """Let the reused row buffers go (the epoch's batches are done): an evaluation follows."""
         if self.buffers is not None:
             self.buffers.drop()
+        self.fetcher.drop_buffers()
 
     def summary(self) -> dict:
         return {}  # the bytes exchanged: the partitioned mode's summary

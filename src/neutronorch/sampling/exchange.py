@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import Callable
 
 import numpy as np
 
 from neutronorch.errors import TrainingError
 
 SIZE_BYTES = 8  # an announced size: one int64 per rank
+
+
+def received_buffer(nbytes: int, into: Callable[[int], np.ndarray] | None) -> np.ndarray:
+    """Where ``nbytes`` received bytes go: the start of ``into(nbytes)``, or a new array."""
+    return np.empty(nbytes, np.uint8) if into is None else into(nbytes)[:nbytes]
 
 
 class Exchange:
@@ -46,13 +52,14 @@ class Exchange:
         got, sizes = self.swap_packed(send, [int(chunk.shape[0]) for chunk in chunks], sizes)
         return np.split(got, np.cumsum(sizes)[:-1])
 
-    def swap_packed(self, send: np.ndarray, send_sizes: list[int], sizes: list[int] | None = None
-                    ) -> tuple[np.ndarray, list[int]]:
+    def swap_packed(self, send: np.ndarray, send_sizes: list[int], sizes: list[int] | None = None,
+                    into: Callable[[int], np.ndarray] | None = None) -> tuple[np.ndarray, list[int]]:
         """``swap_bytes`` of one byte buffer holding the bytes for each rank one after another
         (``send_sizes`` of them for each): returns one buffer of what each rank sent this one, in rank order,
-        and their sizes. No array is split or joined on the way: a sender fills its buffer in place."""
+        and their sizes. No array is split or joined on the way: a sender fills its buffer in place. ``into(n)``:
+        a byte buffer (uint8) of at least n bytes that the n bytes received go to (None: a new one)."""
         announced = sizes is None
-        got, sizes = self._swap(send, list(send_sizes), sizes)
+        got, sizes = self._swap(send, list(send_sizes), sizes, into)
         self.calls += 1
         others = [r for r in range(self.size) if r != self.rank]
         self.sent_bytes += sum(send_sizes[r] for r in others)
@@ -70,10 +77,10 @@ class Exchange:
         """The bytes this rank sent and received so far, and its exchanges."""
         return {"sent_bytes": self.sent_bytes, "received_bytes": self.received_bytes, "exchanges": self.calls}
 
-    def _swap(self, send: np.ndarray, send_sizes: list[int], sizes: list[int] | None
-              ) -> tuple[np.ndarray, list[int]]:
+    def _swap(self, send: np.ndarray, send_sizes: list[int], sizes: list[int] | None,
+              into: Callable[[int], np.ndarray] | None = None) -> tuple[np.ndarray, list[int]]:
         """The transport: ``send`` (``send_sizes[r]`` bytes for rank r, in rank order) out, one buffer of each
-        rank's bytes to this one in, and their sizes (announced first when ``sizes`` is None)."""
+        rank's bytes to this one in (``received``'s), and their sizes (announced first when ``sizes`` is None)."""
         raise NotImplementedError
 
 
@@ -89,8 +96,8 @@ class Lane(Exchange):
         self.inner, self.what = inner, what
         self.state = "open"  # "inside" a unit, "stopped" (agreed), "broken" (a unit failed within)
 
-    def _swap(self, send, send_sizes, sizes):
-        return self.inner._swap(send, send_sizes, sizes)
+    def _swap(self, send, send_sizes, sizes, into=None):
+        return self.inner._swap(send, send_sizes, sizes, into)
 
     @contextlib.contextmanager
     def unit(self):
@@ -137,8 +144,8 @@ class ThreadExchange(Exchange):
         shared = {"box": [[None] * size for _ in range(size)], "barrier": threading.Barrier(size, timeout=timeout)}
         return [cls(rank, size, shared) for rank in range(size)]
 
-    def _swap(self, send: np.ndarray, send_sizes: list[int], sizes: list[int] | None
-              ) -> tuple[np.ndarray, list[int]]:
+    def _swap(self, send: np.ndarray, send_sizes: list[int], sizes: list[int] | None,
+              into: Callable[[int], np.ndarray] | None = None) -> tuple[np.ndarray, list[int]]:
         box, barrier = self._shared["box"], self._shared["barrier"]
         # Views of the sender's buffer: the others read them before the second wait, and nobody changes them.
         box[self.rank] = np.split(send, np.cumsum(send_sizes)[:-1])
@@ -146,6 +153,8 @@ class ThreadExchange(Exchange):
         got = [box[r][self.rank] for r in range(self.size)]
         if sizes is not None and [g.shape[0] for g in got] != list(sizes):
             raise ValueError(f"rank {self.rank}: expected {sizes} bytes, got {[g.shape[0] for g in got]}")
-        received = np.concatenate(got)
+        received = received_buffer(sum(g.shape[0] for g in got), into)
+        if got:
+            np.concatenate(got, out=received)
         barrier.wait()  # every rank has read its arrays before any posts the next exchange's
         return received, [int(g.shape[0]) for g in got]

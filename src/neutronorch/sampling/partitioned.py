@@ -19,8 +19,8 @@ from neutronorch.errors import ConfigError
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.exchange import Exchange
-from neutronorch.sampling.neighbor_sampler import OneThread, Sampler, relabel_into
-from neutronorch.sampling.relabel_kernels import RelabelScratch
+from neutronorch.sampling.frontier_map import FrontierMap
+from neutronorch.sampling.neighbor_sampler import OneThread, Sampler
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -64,7 +64,7 @@ class PartitionedSampler(OneThread, Sampler):
     the same number of hops at the same time, an empty batch included. ``degrees``: every vertex's in-degree in
     the whole graph (float32; ``global_in_degrees``), which the blocks then carry for their sources.
 
-    Not thread-safe (one vertex -> position map of the whole graph's size, as ``NeighborSampler``'s)."""
+    Not thread-safe (one vertex -> position map, sized to its frontiers: ``FrontierMap``)."""
 
     def __init__(self, part, exchange: Exchange | None, fanouts: list[int], degrees: np.ndarray | None = None):
         if exchange is not None and (exchange.size != part.parts or exchange.rank != part.part):
@@ -73,9 +73,7 @@ class PartitionedSampler(OneThread, Sampler):
         self.part, self.exchange, self.fanouts = part, exchange, list(fanouts)
         self.degrees, self._degree_of = degrees is not None, degrees
         self.indptr, self.indices = part.indptr, part.indices
-        n = part.num_nodes
-        self._node_map = np.full(n, -1, dtype=np.int64)
-        self._scratch = RelabelScratch(n)
+        self._map = FrontierMap()
         self.asked = 0  # vertices this rank asked other ranks to draw for
         self.served = 0  # vertices other ranks asked this one to draw for
 
@@ -86,19 +84,18 @@ class PartitionedSampler(OneThread, Sampler):
 
     def _hops(self, start: np.ndarray, hops: list[tuple[int, int]]) -> tuple[list[Block], list[torch.Tensor]]:
         self._check_thread()
-        node_map = self._node_map
-        kernels.map_nodes(start, node_map)
+        self._map.start(start)
         frontier, blocks, frontiers = start, [], [torch.from_numpy(start)]
         try:
             for fanout, key in hops:
                 num_dst = frontier.shape[0]
                 ptr, nbrs = self.draw(frontier, fanout, key)
-                (local,), frontier = relabel_into(frontier, [nbrs], node_map, self._scratch)
+                (local,), frontier = self._map.relabel(frontier, [nbrs])
                 frontiers.append(torch.from_numpy(frontier))
                 blocks.append(Block(num_dst, frontier.shape[0], torch.from_numpy(ptr), torch.from_numpy(local),
                                     src_degree=self.src_degree(frontier), src_ids=frontiers[-1]))
         finally:
-            kernels.reset_map(frontier, node_map)
+            self._map.clear()
         return blocks, frontiers
 
     def src_degree(self, sources: np.ndarray) -> torch.Tensor | None:

@@ -43,7 +43,7 @@ class PartitionedTypedSampler(HostFrontiers, TypedHops):
     ranks' batches may have keys of their own. ``asked`` and ``served``: the vertices this rank asked other
     ranks to draw for, and drew for them (a vertex once a hop, whatever relations into its type draw).
 
-    Not thread-safe (a vertex -> position map per type of the whole graph's size, as ``TypedNeighborSampler``)."""
+    Not thread-safe (a vertex -> position map per type, sized to its frontiers: ``FrontierMap``)."""
 
     def __init__(self, part: TypedPartition, exchange: Exchange | None, fanouts, degrees: bool = False):
         if exchange is not None and (exchange.size != part.parts or exchange.rank != part.part):
@@ -55,7 +55,7 @@ class PartitionedTypedSampler(HostFrontiers, TypedHops):
                               f"out-degrees); sample with degrees=False.")
         super().__init__(part_graph(part), fanouts)
         self.part, self.exchange = part, exchange
-        self._make_maps(part.num_nodes)
+        self._make_maps(part.num_nodes, sized_to_frontier=True)
         self.relations = tuple(self.fanouts)  # the fixed order of a message's relations: the graph's
         self.asked = 0  # vertices this rank asked other ranks to draw for
         self.served = 0  # vertices other ranks asked this one to draw for

@@ -194,7 +194,7 @@ class TemporalTypedSampler(TypedNeighborSampler):
         """The temporal computation graph of ``seeds`` (ids of the target type, or a mapping from types to
         theirs) at ``seed_time`` (one time per seed; a mapping when ``seeds`` is)."""
         ids, self._cuts, self._ranks = typed_entries(self, seeds, seed_time)
-        self._relabel_by = {t: TimedFrontier(self._maps[t], self._cuts.shape[0] == 1) for t in self.num_nodes}
+        self._relabel_by = {t: TimedFrontier(self._maps[t].node_map, self._cuts.shape[0] == 1) for t in self.num_nodes}
         return self.sample_hops(ids, key, self.num_layers)
 
     def sample_many(self, seeds: list, keys: list[int]) -> list[SampledSubgraph]:

@@ -22,8 +22,8 @@ from neutronorch.errors import ConfigError, DataError
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 from neutronorch.sampling.fanouts import parse_fanouts
-from neutronorch.sampling.neighbor_sampler import NeighborSampler, OneThread, layer_key, mix_key, relabel_into
-from neutronorch.sampling.relabel_kernels import RelabelScratch
+from neutronorch.sampling.frontier_map import DenseMap, FrontierMap
+from neutronorch.sampling.neighbor_sampler import NeighborSampler, OneThread, layer_key, mix_key
 
 DEFAULT = "default"  # the key of a fanouts dict whose list serves every relation the dict does not name
 
@@ -193,12 +193,11 @@ class TypedHops:
 class HostFrontiers(OneThread):
     """The host side of a typed sampler's frontiers, shared by ``TypedNeighborSampler`` and the sampler of a
     typed graph's parts (``partitioned_typed.py``): ids as int64 tensors, a vertex -> position map per type
-    (8 bytes a vertex, made by ``_make_maps``), each source type's draws relabelled into its frontier. Not
-    thread-safe: one thread at a time."""
+    (made by ``_make_maps``: a ``DenseMap`` of 8 bytes a vertex, or with ``sized_to_frontier`` a ``FrontierMap``),
+    each source type's draws relabelled into its frontier. Not thread-safe: one thread at a time."""
 
-    def _make_maps(self, num_nodes: dict[str, int]) -> None:
-        self._maps = {t: np.full(n, -1, dtype=np.int64) for t, n in num_nodes.items()}
-        self._scratch = {t: RelabelScratch(n) for t, n in num_nodes.items()}
+    def _make_maps(self, num_nodes: dict[str, int], sized_to_frontier: bool = False) -> None:
+        self._maps = {t: FrontierMap() if sized_to_frontier else DenseMap(n) for t, n in num_nodes.items()}
 
     def _ids(self, ids) -> torch.Tensor:
         return torch.from_numpy(NeighborSampler._ids(ids))
@@ -206,11 +205,11 @@ class HostFrontiers(OneThread):
     def _enter(self, frontier: dict[str, torch.Tensor]) -> None:
         self._check_thread()
         for t, ids in frontier.items():
-            kernels.map_nodes(ids.numpy(), self._maps[t])
+            self._maps[t].start(ids.numpy())
 
     def _leave(self, frontier: dict[str, torch.Tensor]) -> None:
         for t, ids in frontier.items():  # exactly the frontiers' vertices are in the maps
-            kernels.reset_map(ids.numpy(), self._maps[t])
+            self._maps[t].clear(ids.numpy())
 
     def _relabel(self, parts: dict[str, list[torch.Tensor]], frontier: dict[str, torch.Tensor]
                  ) -> dict[str, list[torch.Tensor]]:
@@ -219,8 +218,7 @@ class HostFrontiers(OneThread):
         local = {}
         for node_type, nbrs in parts.items():
             ids = frontier[node_type].numpy() if node_type in frontier else np.empty(0, np.int64)
-            positions, grown = relabel_into(ids, [n.numpy() for n in nbrs], self._maps[node_type],
-                                           self._scratch[node_type])
+            positions, grown = self._maps[node_type].relabel(ids, [n.numpy() for n in nbrs])
             local[node_type], frontier[node_type] = list(map(torch.from_numpy, positions)), torch.from_numpy(grown)
         return local
 

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from neutronorch.bfloat16 import tensor_from_numpy
-from neutronorch.orchestration.remote_rows import RemoteRows, rows_bytes
-from neutronorch.sampling import kernels
+from neutronorch.orchestration.remote_rows import GrowingBuffer, RemoteRows, rows_bytes
 from neutronorch.sampling.block import Block
-from neutronorch.sampling.neighbor_sampler import batch_key, relabel_into
+from neutronorch.sampling.frontier_map import FrontierMap
+from neutronorch.sampling.neighbor_sampler import batch_key
 from neutronorch.sampling.partitioned import PartitionedSampler, sample_rows
 from neutronorch.train.distributed import World
 from neutronorch.train.evaluate import eval_subset, scored
@@ -36,10 +36,8 @@ class PartEvaluation:
     def __init__(self, part, exchange, world: World, degrees: np.ndarray | None = None):
         self.part, self.world, self.degrees = part, world, degrees  # degrees: symmetric GCN's (global_in_degrees)
         self.fetcher = RemoteRows(part, exchange)
-        # While it evaluates: a vertex map of the whole graph's size (8 bytes a vertex; not held while the
-        # rank trains, beside its sampler's) and a chunk's fetched rows (``_rows``).
-        self._node_map: np.ndarray | None = None
-        self._buffer = np.empty(0, np.uint8)
+        # A chunk's vertex map (sized to its frontier) and fetched rows (``_rows``), let go after an evaluation.
+        self._map, self._buffer = FrontierMap(), GrowingBuffer()
 
     def evaluate(self, run, check: EvaluationCheck, progress=None) -> dict[str, float]:
         """``Run.evaluate``'s scores ({"val": ..., "test": ...}) of a partitioned run."""
@@ -127,7 +125,6 @@ class PartEvaluation:
         part, chunk_size = self.part, max(1, chunk_size)
         owned = np.asarray(part.ids)
         hidden = None
-        self._node_map = np.full(part.num_nodes, -1, dtype=np.int64)
         for layer in range(model.num_layers - 1):
             out = torch.empty((owned.shape[0], model.width(layer)))
             for start in self._chunks(owned.shape[0], chunk_size):
@@ -143,7 +140,7 @@ class PartEvaluation:
             logits[start:start + ids.shape[0]] = self.layer_rows(model, last, ids, hidden, device)
             if progress is not None:
                 progress(last + 1, min(nodes.shape[0], start + chunk_size), nodes.shape[0])
-        self._node_map, self._buffer = None, np.empty(0, np.uint8)  # not held between evaluations
+        self._done()  # nothing held between evaluations
         return logits
 
     @torch.no_grad()
@@ -168,18 +165,18 @@ class PartEvaluation:
                 outputs.append(model([b.to(device) for b in subgraph.blocks], x).float().cpu())
             if progress is not None:
                 progress(0, min(nodes.shape[0], start + chunk_size), nodes.shape[0])
-        self._buffer = np.empty(0, np.uint8)
+        self._done()
         return torch.cat(outputs)
 
     def _rows(self, count: int, table: np.ndarray | None) -> np.ndarray:
         """The buffer a chunk's fetched rows of ``table`` (None: the features) are written to: one, reused by
-        every chunk of an evaluation and grown to the largest (each chunk a new array, the freed ones of
-        differing sizes would stay in the heap beside the next: ``RowBuffers``)."""
-        nbytes = rows_bytes(count, self.part.features if table is None else table)
-        if self._buffer.shape[0] < nbytes:
-            self._buffer = np.empty(0, np.uint8)  # the smaller one goes first
-            self._buffer = np.empty(nbytes + nbytes // 10, np.uint8)
-        return self._buffer
+        every chunk of an evaluation and grown to the largest (``GrowingBuffer``)."""
+        return self._buffer.take(rows_bytes(count, self.part.features if table is None else table))
+
+    def _done(self) -> None:
+        """Let go what an evaluation held: its chunks' buffers and vertex map."""
+        self._map, self._buffer = FrontierMap(), GrowingBuffer()
+        self.fetcher.drop_buffers()
 
     def _chunks(self, count: int, chunk_size: int) -> range:
         """The starts of this rank's chunks of ``count`` rows, as many as the rank with the most takes (those
@@ -196,9 +193,9 @@ class PartEvaluation:
         part = self.part
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         ptr, nbrs = sample_rows(part.indptr, part.indices, part.local(ids), ids, -1, np.uint64(0))
-        kernels.map_nodes(ids, self._node_map)
-        (local,), frontier = relabel_into(ids, [nbrs], self._node_map)
-        kernels.reset_map(frontier, self._node_map)
+        self._map.start(ids)
+        (local,), frontier = self._map.relabel(ids, [nbrs])
+        self._map.clear()
         rows, _ = self.fetcher.fetch(frontier, table=hidden, into=self._rows(frontier.shape[0], hidden))
         if ids.shape[0] == 0:
             return torch.zeros(0, model.width(layer))

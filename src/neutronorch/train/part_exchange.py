@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+from typing import Callable
 
 import numpy as np
 import torch
 
-from neutronorch.sampling.exchange import Exchange
+from neutronorch.sampling.exchange import Exchange, received_buffer
 from neutronorch.train.distributed import World
 
 
@@ -36,18 +37,19 @@ class GlooExchange(Exchange):
             with contextlib.suppress(ValueError):  # taken down already, with the caller's whole group
                 torch.distributed.destroy_process_group(group)
 
-    def _swap(self, send: np.ndarray, send_sizes: list[int], sizes: list[int] | None
-              ) -> tuple[np.ndarray, list[int]]:
+    def _swap(self, send: np.ndarray, send_sizes: list[int], sizes: list[int] | None,
+              into: Callable[[int], np.ndarray] | None = None) -> tuple[np.ndarray, list[int]]:
         world, dist = self.world, torch.distributed
         if sizes is None:
             announced = torch.empty(self.size, dtype=torch.int64)
             with world._collective(f"{self.what} (sizes)"):
                 dist.all_to_all_single(announced, torch.tensor(send_sizes, dtype=torch.int64), group=self.group)
             sizes = announced.tolist()
-        out = torch.empty(sum(sizes), dtype=torch.uint8)
+        out = received_buffer(sum(sizes), into)
         with world._collective(self.what):
-            dist.all_to_all_single(out, torch.from_numpy(send), list(sizes), list(send_sizes), group=self.group)
-        return out.numpy(), list(sizes)
+            dist.all_to_all_single(torch.from_numpy(out), torch.from_numpy(send), list(sizes), list(send_sizes),
+                                   group=self.group)
+        return out, list(sizes)
 
 
 class TrafficRecord:

@@ -100,6 +100,10 @@ class TypedRemoteRows:
     def fetched(self) -> int:
         return sum(f.fetched for f in self.fetchers.values())
 
+    def drop_buffers(self) -> None:
+        for fetcher in self.fetchers.values():
+            fetcher.drop_buffers()
+
     def rows(self, frontier: dict) -> dict[str, torch.Tensor]:
         """float32 rows of every featured type's ids in ``frontier`` (a collective)."""
         empty = torch.zeros(0, dtype=torch.int64)
@@ -166,6 +170,7 @@ def sampled_rows(evaluation, module, sampler, ids: np.ndarray, run, tables: Part
             outputs.append(module([b.to(device) for b in subgraph.blocks], features, inputs).float().cpu())
         if progress is not None:
             progress(0, min(ids.shape[0], start + chunk_size), ids.shape[0])
+    evaluation.fetcher.drop_buffers()
     return torch.cat(outputs)
 
 
