@@ -19,6 +19,7 @@ from neutronorch.data.partition import assign, write_partition
 from neutronorch.data.partition_typed import assign_typed, write_typed_partition
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.errors import CheckpointError, ConfigError, Interrupted
+from neutronorch.train.checkpoint import load_checkpoint
 from neutronorch.train.heterogeneous import TypedOptions
 from neutronorch.train import typed_tables
 from neutronorch.train.part_tables import draw_owned
@@ -112,7 +113,7 @@ def _ranks(rank: int, directory: str) -> None:
     run = lambda name, resume=False, **given: neutronorch.train(neutronorch.TrainConfig(  # noqa: E731
         **dict(SETTINGS, batch_size=20), epochs=2, dist_timeout=60, log_jsonl=str(d / f"{name}.jsonl"), summary_json=str(d / f"{name}.json"),
         resume=resume, **({"partitions": str(d / "parts")} if name != "full" else {"deal_by": str(d / "parts")}),
-        **({"checkpoint_dir": str(d / "ck")} if name == "ck" else {})), **given)
+        **({"checkpoint_dir": str(d / {"ck": "ck", "full": "cf"}[name])} if name in ("ck", "full") else {})), **given)
     run("full", graph=graph)
     run("parts")
     stop = threading.Event()
@@ -144,8 +145,21 @@ def test_two_ranks_on_typed_parts_reproduce_the_full_copy_run_and_resume_bit_for
     assert tables["reason"] == "split by owner on the parts"
     assert 0 < tables["tables"]["author"][0] < whole["author"] and tables["tables"]["author"][1] == 16
     assert sum(t[0] for t in tables["tables"].values()) < sum(whole[t] for t in tables["tables"]) * 0.75
-    with pytest.raises(CheckpointError, match="typed run on 2 parts.*only its part's rows"):
-        neutronorch.predict(str(tmp_path / "ck" / "last.pt"), typed_graph())
+    # Prediction reads the tables whole from both ranks' files: the full-copy run's model, bit for bit.
+    for name in ("last.pt", "best.pt"):
+        whole, parted = (load_checkpoint(tmp_path / f / name).model.state_dict() for f in ("cf", "ck"))
+        assert whole.keys() == parted.keys() and all(torch.equal(whole[k], parted[k]) for k in whole), name
+    graph = typed_graph()
+    assert np.array_equal(*(neutronorch.predict(str(tmp_path / f / "last.pt"), graph, probabilities=True)
+                            for f in ("ck", "cf")))
+    (tmp_path / "alone").mkdir()
+    for name in ("last.pt", "last.rank-1.pt"):
+        (tmp_path / "alone" / name.replace("last", "model")).write_bytes((tmp_path / "ck" / name).read_bytes())
+    with pytest.raises(CheckpointError, match="rank 1's checkpoint is missing"):
+        (tmp_path / "alone" / "model.pt").rename(tmp_path / "alone" / "last.pt")
+        load_checkpoint(tmp_path / "alone" / "last.pt")
+    with pytest.raises(CheckpointError, match="written by rank 1 of a typed run on 2 parts.*not named as its rank"):
+        load_checkpoint(tmp_path / "alone" / "model.rank-1.pt")
     traffic = b["epochs"][0]["exchange"]
     assert len(traffic) == 2 and all(t["sent_bytes"] > 0 and t["received_bytes"] > 0 for t in traffic)
     assert np.isfinite(b["final_test_acc"])

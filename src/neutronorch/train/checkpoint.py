@@ -97,11 +97,9 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module | None = Non
     receives them."""
     state = load_state(path, kind)
     kind = state.get("kind", HOMOGENEOUS)
-    if split_tables(state):
-        raise CheckpointError(f"{path}: written by rank {state['partition']['part']} of a typed run on "
-                              f"{state['partition']['parts']} parts, whose embedding tables hold only its part's rows; "
-                              f"a model for inference needs every row. Predict from a typed run on one part or on the "
-                              f"whole graph (`dataset`), for now.")
+    if split_tables(state):  # a rank's of a typed run on parts: the tables made whole from every rank's file
+        from neutronorch.train.part_checkpoint import whole_tables  # noqa: PLC0415 - it reads this module
+        state = whole_tables(Path(path), state)
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
     return Checkpoint(_model(state, Path(path), model).eval(), config, int(state["epoch"]), state["dataset"],
                       state["history"], fanouts_of(state) if kind == TYPED else None)

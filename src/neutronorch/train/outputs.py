@@ -25,18 +25,19 @@ from neutronorch.train.output_guard import (LOCK_NAME, check_creatable, check_di
                                               check_name_lengths, check_nothing_set_aside, check_space)
 
 CHECKPOINT_FILES = ("last.pt", "best.pt")
-RANK_FILE = re.compile(r"last\.rank-[1-9][0-9]*\.pt")  # a partitioned run's rank r > 0 (``rank_file``)
+RANK_FILE = re.compile(r"(last|best)\.rank-[1-9][0-9]*\.pt")  # a partitioned run's rank r > 0 (``rank_file``)
 
 
-def rank_file(rank: int) -> str:
-    """The file of ``last.pt`` that rank ``rank`` of a partitioned run writes: ``last.pt`` itself for rank 0
-    (the model that prediction reads), ``last.rank-R.pt`` for the others (docs/distributed.md)."""
-    return "last.pt" if rank == 0 else f"last.rank-{rank}.pt"
+def rank_file(rank: int, name: str = "last.pt") -> str:
+    """The file of ``name`` (``last.pt`` or ``best.pt``) that rank ``rank`` of a partitioned run writes: ``name``
+    itself for rank 0 (the model that prediction reads), ``last.rank-R.pt`` for the others (``best.rank-R.pt``
+    where each rank holds its part's rows of the embedding tables; docs/distributed.md)."""
+    return name if rank == 0 else f"{name.removesuffix('.pt')}.rank-{rank}.pt"
 
 
 def rank_files(folder: Path) -> list[Path]:
     """The files of ranks > 0 of a partitioned run in ``folder``, as they exist now."""
-    return sorted(p for p in folder.glob("last.rank-*.pt") if RANK_FILE.fullmatch(p.name)) if folder.is_dir() else []
+    return sorted(p for p in folder.glob("*.rank-*.pt") if RANK_FILE.fullmatch(p.name)) if folder.is_dir() else []
 
 
 OUTPUT_FIELDS = ("summary_json", "checkpoint_dir", "log_jsonl", "log_csv", "tensorboard", "timeline", "console_log",

@@ -39,7 +39,7 @@ from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.evaluate import inference_key
 from neutronorch.train.health import Health
 from neutronorch.train.heterogeneous import TypedOptions, typed_model
-from neutronorch.train.part_checkpoint import attach_checkpoints
+from neutronorch.train.part_checkpoint import attach_checkpoints, table_rows
 from neutronorch.train.part_eval import PartEvaluation
 from neutronorch.train.part_exchange import GlooExchange
 from neutronorch.train.part_mode import PartitionedMode
@@ -284,6 +284,8 @@ def typed_run(config: TrainConfig, part: TypedPartition, graph: TypedGraph, devi
                                 setup.tables.reduce if setup.tables.tables else ())
         run.stop = run.sync.agreed  # every rank stops after the same step
     attach_checkpoints(run, part, world, dataset_fingerprint(graph), TYPED)
+    if part.parts > 1:  # each rank's file names its rows of the tables: prediction makes them whole from all
+        run.partition["table_rows"] = table_rows(part, setup.tables.tables)
     return run
 
 

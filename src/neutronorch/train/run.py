@@ -138,10 +138,11 @@ class Run:
         step, loss_sum, counts = position if position is not None else (self.mode.num_batches, 0.0, None)
         self.metrics.flush()
         mode_state = self.mode.state_dict()
-        if self.partition is not None:  # every rank its own last.pt (part_checkpoint.py); best.pt rank 0 alone
-            if not self.world.main and name != "last.pt":
+        if self.partition is not None:  # every rank its own last.pt (part_checkpoint.py); best.pt rank 0 alone,
+            # but where each rank holds its part's rows of the tables (named by ``table_rows``)
+            if not self.world.main and name != "last.pt" and "table_rows" not in self.partition:
                 return
-            name = rank_file(self.world.rank) if name == "last.pt" else name
+            name = rank_file(self.world.rank, name)
         elif self.world.distributed:  # every rank's (NeutronOrch's hot sets differ); rank 0 writes them all
             states = self.world.gather_objects(mode_state, f"gathering the mode state for {name}")
             if not self.world.main:
