@@ -22,6 +22,7 @@ from neutronorch.sampling.neighbor_sampler import relabel_into
 from neutronorch.sampling.relabel_kernels import RelabelScratch
 
 MIN_SLOTS = 1 << 10
+MAX_SLOTS = 1 << 31  # the table holds int32 positions
 FRONTIER_MAP_BYTES = 16  # the most a ``FrontierMap`` holds per vertex of its largest frontier: 4 slots of 4 bytes
 
 
@@ -94,6 +95,8 @@ class FrontierMap:
     def _room(self, frontier: np.ndarray, size: int, count: int) -> None:
         """A table with room for ``count`` vertices, holding ``frontier[:size]``'s positions."""
         slots = slots_for(count)
+        if slots > MAX_SLOTS:
+            raise ValueError(f"a frontier of {count:,} vertices: a sampler's frontier holds at most {MAX_SLOTS // 2:,}")
         if self._table.shape[0] < slots:  # grown 2x or more: rebuilt
             self._table = np.empty(0, np.int32)  # the smaller one goes first
             self._table = np.full(slots, -1, np.int32)
