@@ -23,6 +23,7 @@ from neutronorch.nn.models import GNN
 from neutronorch.nn.typed_models import TypedGNN, TypedSpec
 from neutronorch.atomic import write_atomically
 from neutronorch.train.table_files import attach_tables, checkpoint_tables, sample_crc, stored_tables
+from neutronorch.train.part_states import whole_tables
 
 # Format 1 trained GCN with the mean (no ``gcn_norm``); 3 added ``kind``; 4 renamed a typed one's
 # ``typed_mode_state`` to ``mode_state``.
@@ -98,8 +99,7 @@ def load_checkpoint(path: str | os.PathLike, model: torch.nn.Module | None = Non
     state = load_state(path, kind)
     kind = state.get("kind", HOMOGENEOUS)
     if split_tables(state):  # a rank's of a typed run on parts: the tables made whole from every rank's file
-        from neutronorch.train.part_checkpoint import whole_tables  # noqa: PLC0415 - it reads this module
-        state = whole_tables(Path(path), state)
+        state = whole_tables(Path(path), state, lambda file: load_state(file, TYPED))
     config = TrainConfig(**{k: v for k, v in state["config"].items() if k in TrainConfig.keys()})
     return Checkpoint(_model(state, Path(path), model).eval(), config, int(state["epoch"]), state["dataset"],
                       state["history"], fanouts_of(state) if kind == TYPED else None)

@@ -39,7 +39,8 @@ from neutronorch.train.distributed import GradientSync, World
 from neutronorch.train.evaluate import inference_key
 from neutronorch.train.health import Health
 from neutronorch.train.heterogeneous import TypedOptions, typed_model
-from neutronorch.train.part_checkpoint import attach_checkpoints, table_rows
+from neutronorch.train.part_checkpoint import attach_checkpoints
+from neutronorch.train.part_states import table_rows
 from neutronorch.train.part_eval import PartEvaluation
 from neutronorch.train.part_exchange import GlooExchange
 from neutronorch.train.part_mode import PartitionedMode
