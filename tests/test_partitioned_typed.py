@@ -93,13 +93,13 @@ def test_a_parts_rows_of_a_table_are_drawn_as_the_whole_table_is(monkeypatch):
 
 
 @pytest.mark.parametrize("settings, message", [
-    (dict(mode="neutronorch"), "mode"), (dict(normalize_features="row"), "normalize_features"),
+    (dict(normalize_features="row"), "normalize_features"),
     (dict(embedding_storage="mmap"), "embedding_storage"),
 ])
 def test_what_a_typed_graphs_parts_cannot_train_yet_is_refused_with_the_reason(tmp_path, settings, message):
     folder = _partition(typed_graph(), tmp_path / "p1", 1)
     why = "memory-mapped tables are not split by owner" if "embedding" in message else \
-        "typed graph's parts train in exact mode"
+        "typed graph's parts train on rows as written"
     with pytest.raises(ConfigError, match=f"{message}.*{why}"):
         neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), **dict(SETTINGS, epochs=1), **settings))
     assert not (tmp_path / "runs").exists()

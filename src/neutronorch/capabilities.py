@@ -15,7 +15,6 @@ KINDS = ("homogeneous", "typed")
 MODES = ("exact", "device", "neutronorch")
 MODE_CHOICES = MODES + ("auto",)  # auto: one of MODES, chosen when the run starts (orchestration/choice.py)
 PARTITIONED_MODES = ("exact", "neutronorch", "auto")  # what `partitions` trains in so far (auto: exact, on the CPU)
-TYPED_PARTITIONED_MODES = ("exact", "auto")  # ... a typed graph's parts so far
 TASKS = ("node", "link")
 # What auto resolves to where no rules choose (on a homogeneous graph, orchestration/choice.py's rules and probe).
 AUTO = {"typed": "exact"}

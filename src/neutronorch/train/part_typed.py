@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from neutronorch.capabilities import TYPED_PARTITIONED_MODES
 from neutronorch.config import TrainConfig, auto_batch_size
 from neutronorch.data.typed import TypedGraph
 from neutronorch.data.typed_parts import TypedPartition
@@ -194,14 +193,12 @@ class TypedPartMode(PartitionedMode):
 
 
 def check_typed_request(config: TrainConfig) -> None:
-    """What a typed partition's run refuses beyond what any partitioned run refuses, with the reason."""
-    refused = {"mode": config.mode not in TYPED_PARTITIONED_MODES,
-               "normalize_features": config.normalize_features != "none"}
-    given = [name for name, bad in refused.items() if bad]
-    if given:  # the task is the folder's (``part_links.check_task``)
-        raise ConfigError(f"{', '.join(given)}: a typed graph's parts train in exact mode, on rows as written, "
-                          f"so far (docs/distributed.md, \"Typed graphs on parts\"). Leave it out, or train "
-                          f"the typed graph whole (`dataset`).")
+    """What a typed partition's run refuses beyond what any partitioned run refuses, with the reason (its modes
+    are any partitioned run's: ``partitioned.check_request`` refuses the others)."""
+    if config.normalize_features != "none":  # the task is the folder's (``part_links.check_task``)
+        raise ConfigError(f"normalize_features: a typed graph's parts train on rows as written, so far "
+                          f"(docs/distributed.md, \"Typed graphs on parts\"). Leave it out, or train the typed graph "
+                          f"whole (`dataset`).")
     check_storage(config)
 
 
@@ -292,8 +289,9 @@ def typed_run(config: TrainConfig, part: TypedPartition, graph: TypedGraph, devi
 
 def build_typed_part_run(config: TrainConfig, part: TypedPartition, device: torch.device, threads: Threads,
                          stack: contextlib.ExitStack, world: World, stop: threading.Event | None,
-                         data_seconds: float, options: TypedOptions | None = None) -> Run:
-    """``partitioned.build_partitioned_run`` for a typed partition: this rank's model, optimizers and mode."""
+                         data_seconds: float, options: TypedOptions | None = None, neutronorch=None) -> Run:
+    """``partitioned.build_partitioned_run`` for a typed partition: this rank's model, optimizers and mode (exact;
+    ``neutronorch``: ``part_typed_neutronorch.build_typed_mode``, which makes NeutronOrch mode's)."""
     check_typed_request(config)
     t0 = time.perf_counter()
     graph = part_graph(part, gathered_labels(part, world))
@@ -309,6 +307,7 @@ def build_typed_part_run(config: TrainConfig, part: TypedPartition, device: torc
     access = FeatureAccess(device, None, None, None, None, None, graph)
     loader = TypedPartLoader(access, TypedRemoteRows(part, setup.sampling), spans)
     seeds = NodeSeeds(graph, sampling, part.part_of[part.target])  # each global batch dealt by owner
-    mode = typed_mode(setup, part, world, seeds, loader, sampling, spans, threads, stack)
+    mode = typed_mode(setup, part, world, seeds, loader, sampling, spans, threads, stack) if neutronorch is None \
+        else neutronorch(config, part, graph, world, setup, access, seeds, sampling, spans, threads, stack)
     return typed_run(config, part, graph, device, threads, stack, world, stop, setup, mode, task, data_seconds,
                      graph.labels[graph.train_idx], PartTypedEvaluation(part, setup.evaluation, world, setup.tables))

@@ -49,6 +49,8 @@ from neutronorch.train.part_exchange import GlooExchange
 from neutronorch.train.part_mode import PartitionedMode
 from neutronorch.train.part_links import PartLinkEvaluation, check_task, link_model
 from neutronorch.train.part_typed import build_typed_part_run, check_typed_request
+from neutronorch.train.part_typed_neutronorch import build_typed_mode as build_typed_neutronorch
+from neutronorch.train.part_typed_neutronorch import check_typed_request as check_typed_neutronorch
 from neutronorch.train.part_typed_links import build_typed_link_run
 from neutronorch.train.part_neutronorch import build_mode as build_neutronorch, check_request as check_neutronorch
 from neutronorch.train.run import Run
@@ -88,6 +90,8 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
     if config.mode not in PARTITIONED_MODES:
         raise refuse(f"`mode` {config.mode}", "Give `mode` exact (or leave it out) or neutronorch.")
     CHECKS.get(config.mode, lambda _: None)(config)
+    if typed_partition(config.partitions) and config.mode in TYPED_CHECKS:  # with the manifest's graph
+        TYPED_CHECKS[config.mode](config, read_manifest(config.partitions)["graph"])
     if device.type != "cpu":
         raise refuse(f"device {device}", "Give `device` cpu: the ranks exchange over gloo.")
     given = config.settings_given(["split", "times", "link_direction"])
@@ -150,8 +154,10 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     config.dataset = manifest["source"]  # what the summary and logs name: the graph the parts were made from
     data_seconds = time.perf_counter() - t0
     if isinstance(part, TypedPartition):  # a link split's folder: part_typed_links.py's
-        build = build_typed_part_run if part.links is None else build_typed_link_run
-        return build(config, part, device, threads, stack, world, stop, data_seconds, options)
+        if part.links is not None:
+            return build_typed_link_run(config, part, device, threads, stack, world, stop, data_seconds, options)
+        return build_typed_part_run(config, part, device, threads, stack, world, stop, data_seconds, options,
+                                    TYPED_MODES.get(config.mode))
     graph = PartGraph.of(part)
     logger.info(f"loaded part {part.part} of {part.parts} of {graph.name} ({manifest['method']} parts): "
                 f"{part.ids.shape[0]:,} of {graph.num_nodes:,} vertices, {part.indices.shape[0]:,} of "
@@ -235,6 +241,8 @@ def exact_mode(config: TrainConfig, part, graph: PartGraph, world: World, access
 
 MODES = {"exact": exact_mode, "neutronorch": build_neutronorch}  # what `partitions` trains in, by name
 CHECKS = {"neutronorch": check_neutronorch}  # ... and what each refuses before any output is made
+TYPED_MODES = {"neutronorch": build_typed_neutronorch}  # a typed graph's parts beyond exact mode (part_typed.py's)
+TYPED_CHECKS = {"neutronorch": check_typed_neutronorch}
 
 
 def on_every_rank(world: World, make, what: str):

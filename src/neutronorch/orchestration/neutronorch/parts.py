@@ -37,7 +37,7 @@ class OwnerPlan:
     """Who computes which hot rows of a super-batch: this rank those of its part's vertices any rank holds
     hot (``computed``, ascending ids), and where every rank's rows come from."""
 
-    computed: np.ndarray  # the vertices this rank computes: every rank's asks of it, once each (ascending)
+    computed: np.ndarray  # the vertices this rank computes: every rank's asks of it, once each (``first_asked``)
     order: np.ndarray  # this rank's hot set grouped by owner: positions in it (``by_owner``)
     asked: list[int]  # per owner, how many of this rank's hot rows it computes
     wanted: list[np.ndarray]  # per rank, the positions in ``computed`` of the rows it asked for, in its order
@@ -65,11 +65,27 @@ class OwnerHotSet:
         order, asks = by_owner(np.asarray(hot, dtype=np.int64), part.part_of, part.parts)
         with self.rows.unit():
             asked = [a.reshape(-1) for a in self.rows.all_to_all(asks)]
-        computed = np.unique(np.concatenate(asked)) if asked else np.empty(0, np.int64)
         self.received_rows += sum(a.shape[0] for k, a in enumerate(asks) if k != part.part)
         self.sent_rows += sum(a.shape[0] for k, a in enumerate(asked) if k != part.part)
-        return OwnerPlan(computed, order, [a.shape[0] for a in asks],
-                         [np.searchsorted(computed, a) for a in asked])
+        computed, wanted = self.first_asked(asked)
+        return OwnerPlan(computed, order, [a.shape[0] for a in asks], wanted)
+
+    def first_asked(self, asked: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The vertices every rank asked this one for, once each, in the order first asked (this rank's own asks
+        first: with one part, its hot set's order, which the whole graph's run computes its rows in), grouped
+        by ``group``; and per rank, the positions of its asks among them."""
+        me = self.part.part
+        listed = np.concatenate([np.zeros(0, np.int64), asked[me], *(a for k, a in enumerate(asked) if k != me)])
+        distinct, first = np.unique(listed, return_index=True)
+        order = np.lexsort((first, self.group(distinct)))
+        position = np.empty(order.shape[0], np.int64)
+        position[order] = np.arange(order.shape[0])
+        return distinct[order], [position[np.searchsorted(distinct, a)] for a in asked]
+
+    def group(self, ids: np.ndarray) -> np.ndarray:
+        """What the rows a rank computes are grouped by, before the order asked: nothing here (a typed graph's:
+        the vertices' types, ``parts_typed.py``)."""
+        return np.zeros(ids.shape[0], np.int64)
 
     def computed(self, hot: np.ndarray, plan: OwnerPlan) -> np.ndarray:
         """The vertices this rank computes (owned by its part; not all of them need be in ``hot``)."""

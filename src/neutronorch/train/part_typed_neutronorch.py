@@ -1,0 +1,91 @@
+"""``train --partitions DIR --mode neutronorch`` of a typed graph's partition (docs/distributed.md, "NeutronOrch
+across the parts"; ``orchestration/neutronorch/parts_typed.py``): each rank plans and trains its share of every
+global batch as the full-copy typed run dealt by the same parts does, and the row of a hot vertex of any type is
+computed by its owner for every rank holding it hot. A graph with embedding tables is refused, saying why."""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from neutronorch.config import TrainConfig
+from neutronorch.errors import ConfigError
+from neutronorch.orchestration.neutronorch.parts_typed import TypedOwnerHotSet, TypedPartKind
+from neutronorch.sampling.exchange import Lane, ThreadExchange
+from neutronorch.sampling.partitioned import global_in_degrees
+from neutronorch.sampling.partitioned_typed import PartitionedTypedSampler
+from neutronorch.train.distributed import World
+from neutronorch.train.part_exchange import GlooExchange, TrafficRecord
+from neutronorch.train.part_neutronorch import WHY, PartNeutronOrchMode, check_request
+from neutronorch.train.part_typed import TypedPartLoader, TypedRemoteRows
+
+
+def check_typed_request(config: TrainConfig, graph: dict) -> None:
+    """What NeutronOrch mode on a typed graph's parts refuses beyond ``part_neutronorch.check_request``
+    (``graph``: the partition manifest's), before any output is made."""
+    check_request(config)
+    if config.task == "link":
+        raise ConfigError(f"`mode` neutronorch on a typed graph's parts trains a node task so far {WHY}; train the "
+                          f"link task in `mode` exact on the parts, or the typed graph whole (`dataset`).")
+    featureless = [t for t in graph["num_nodes"] if not graph["feature_dims"].get(t)]
+    if featureless:
+        raise ConfigError(f"`mode` neutronorch on a typed graph's parts: {', '.join(featureless)} "
+                          f"{'has' if len(featureless) == 1 else 'have'} no features and read embedding tables, whose "
+                          f"rows each rank holds of its part; a hot row's table rows and their gradient crossing "
+                          f"between their owners is not built yet {WHY}. Train in `mode` exact on the parts, or the "
+                          f"typed graph whole (`dataset`) in neutronorch.")
+
+
+def global_indptrs(part, world: World) -> dict:
+    """Each relation's cumulative in-degrees of its destination type in the whole graph (int64), from every
+    part's own (a collective): what the planner counts spared edges by."""
+    gather = lambda t: world.all_gather_rows(t, "gathering the in-degrees") if world.distributed else [t]  # noqa
+    out = {}
+    for relation, csc in part.relations.items():
+        t = relation[2]
+        view = SimpleNamespace(indptr=csc.indptr, part_of=part.part_of[t], local_index=part.local_index[t])
+        counts = global_in_degrees(view, gather, np.int64)
+        out[relation] = np.zeros(counts.shape[0] + 1, np.int64)
+        np.cumsum(counts, out=out[relation][1:])
+    return out
+
+
+def build_typed_mode(config: TrainConfig, part, graph, world: World, setup, access, seeds, sampling, spans, threads,
+                     stack: contextlib.ExitStack) -> PartNeutronOrchMode:
+    """The NeutronOrch mode of rank ``world.rank`` on a typed ``part`` (``setup``: ``part_typed.typed_setup``'s):
+    the cold sampler samples over the setup's sampling exchange; the planner and the host get exchanges of their
+    own, closed by ``stack`` after the mode."""
+    if world.distributed:
+        plan = GlooExchange.new(world, "the partitioned planner's exchange")
+        host = GlooExchange.new(world, "NeutronOrch's exchange of hot rows")
+        for exchange in (plan, host):
+            stack.callback(exchange.close)
+        gradients = GlooExchange(world, what="the exchange of the hot rows' gradient")
+        agree = lambda t: world.all_reduce_(t, "agreeing on the snapshot lead", world.host_group,  # noqa: E731
+                                            torch.distributed.ReduceOp.MAX)
+    else:
+        plan, host, gradients = (ThreadExchange.group(1)[0] for _ in range(3))
+        agree = lambda t: t  # noqa: E731
+    lanes = {"plan": Lane(plan, "the planner's exchange"), "cold": Lane(setup.sampling, "the cold sampler's exchange"),
+             "host": Lane(host, "the exchange of hot rows")}
+    fanouts = setup.fanouts
+    samplers = lambda lane: PartitionedTypedSampler(part, lanes.get(lane), fanouts)  # noqa: E731
+    hot_rows = TypedRemoteRows(part, lanes["host"])
+
+    def source(frontier: dict, device: torch.device) -> tuple[dict, dict]:  # the host's inputs (host thread)
+        return ({t: rows.to(device) for t, rows in hot_rows.rows(frontier).items()},
+                {t: ids.to(device) for t, ids in frontier.items()})
+
+    kind = TypedPartKind(graph, access, fanouts, spans, samplers, TypedPartLoader(
+        access, TypedRemoteRows(part, lanes["cold"]), spans), source, global_indptrs(part, world), lanes)
+    if config.neutronorch.hot_ratio == "auto":  # the drift probe's rows, fetched now (trainer thread, every rank)
+        kind.prepare_probe(part, config.seed, TypedRemoteRows(part, setup.evaluation).rows)
+    shared = TypedOwnerHotSet(part, lanes["host"], gradients, agree)
+    traffic = TrafficRecord(world, {**lanes, "gradient": gradients}, setup.evaluation)
+    mode = PartNeutronOrchMode(kind, seeds, sampling, config.neutronorch, config.epochs, spans, threads.sampler,
+                               threads.host, None, shared=shared, traffic=traffic)
+    stack.callback(mode.close)
+    return mode

@@ -1,0 +1,84 @@
+"""NeutronOrch mode on a typed graph's parts (`train --partitions DIR --mode neutronorch` of a typed partition):
+the owner of a hot vertex of any type computes its bottom-layer row for every rank holding it hot. One part in one
+process trains as the whole graph bit for bit (the owner computes the rows in the order the whole graph's run
+does); two ranks give the full-copy run's losses dealt by the same parts up to the order of float sums. A graph
+whose featureless types read embedding tables is refused, saying why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import neutronorch
+from neutronorch.data.synthetic_typed import synthetic_typed
+from neutronorch.errors import ConfigError
+from test_partitioned_training import _env, _step_losses, spawned
+from test_partitioned_typed import SETTINGS, _partition, typed_graph
+
+HOT = dict(mode="neutronorch", hot_ratio=0.5, snapshot_lead=1, super_batch=2, host_threads=1)
+
+
+def featured_graph():
+    """The tests' typed graph with rows for its featureless types too: no embedding tables."""
+    graph = typed_graph()
+    rng = np.random.default_rng(0)
+    for t, n in graph.num_nodes.items():
+        if t not in graph.features:
+            graph.features[t] = rng.normal(size=(n, 8)).astype(np.float32)
+    return graph
+
+
+@pytest.mark.parametrize("model", ["rgcn", "sage"])
+def test_one_part_in_one_process_trains_as_the_whole_graph_in_neutronorch_mode(tmp_path, model):
+    graph = featured_graph()
+    folder = _partition(graph, tmp_path / "p1", 1)
+    settings = dict(SETTINGS, **HOT, model=model, epochs=2)
+    whole = neutronorch.train(neutronorch.TrainConfig(log_jsonl=str(tmp_path / "a.jsonl"), **settings), graph=graph)
+    parted = neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), log_jsonl=str(tmp_path / "b.jsonl"),
+                                                       **settings))
+    losses = _step_losses(tmp_path / "a.jsonl")
+    assert len(losses) == 6 and _step_losses(tmp_path / "b.jsonl") == losses  # bit for bit
+    assert parted["test_acc"] == whole["test_acc"]
+    assert parted["neutronorch"]["hot_set"] == "owner" and parted["hot"]["reuse_rate"] > 0.3
+    assert set(parted["exchange"]["training"]["lanes"]) == {"plan", "cold", "host", "gradient"}
+
+
+def test_a_typed_graph_with_embedding_tables_or_a_link_task_is_refused_before_any_output(tmp_path):
+    folder = _partition(typed_graph(), tmp_path / "p1", 1)  # its authors, institutions and fields: no features
+    with pytest.raises(ConfigError, match="author, institution, field have no features and read embedding tables"):
+        neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), log_jsonl=str(tmp_path / "log.jsonl"),
+                                                  **dict(SETTINGS, **HOT, epochs=1)))
+    assert not (tmp_path / "log.jsonl").exists()
+
+
+def _ranks(rank: int, directory: str) -> None:
+    torch.distributed.init_process_group("gloo", init_method=f"file://{directory}/rendezvous", rank=rank,
+                                         world_size=2)
+    d = Path(directory)
+    for name in ("full", "parts"):
+        source = {"partitions": str(d / "parts")} if name == "parts" else {"deal_by": str(d / "parts")}
+        neutronorch.train(neutronorch.TrainConfig(
+            **dict(SETTINGS, **HOT, batch_size=20, dropout=0.4), epochs=3, dist_timeout=60, **source,
+            log_jsonl=str(d / f"{name}.jsonl"), summary_json=str(d / f"{name}.json")),
+            **({"graph": featured_graph()} if name == "full" else {}))
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_ranks_on_typed_parts_reproduce_the_full_copy_neutronorch_run(tmp_path, monkeypatch):
+    for name, value in _env().items():  # before the children start: numba reads its thread count at import
+        monkeypatch.setenv(name, value)
+    _partition(featured_graph(), tmp_path / "parts", 2, "metis")
+    spawned(_ranks, (str(tmp_path),), 240)
+    full, parts = (_step_losses(tmp_path / f"{name}.jsonl") for name in ("full", "parts"))
+    assert len(full) == len(parts) >= 9
+    assert parts == pytest.approx(full, rel=1e-5)  # the owner sums its holders' dL/dY: float-sum order
+    a, b = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("full", "parts"))
+    assert b["test_acc"] == pytest.approx(a["test_acc"], abs=0.01)
+    assert b["neutronorch"]["hot_set"] == "owner" and b["hot_rows_exchanged"]["received"] > 0
+    lanes = b["exchange"]["training"]["lanes"]
+    assert lanes["host"]["received_bytes"] > 0 and lanes["gradient"]["received_bytes"] > 0
