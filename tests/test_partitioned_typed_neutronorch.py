@@ -7,6 +7,7 @@ whose featureless types read embedding tables is refused, saying why."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,7 @@ import pytest
 import torch
 
 import neutronorch
-from neutronorch.data.synthetic_typed import synthetic_typed
-from neutronorch.errors import ConfigError
+from neutronorch.errors import ConfigError, Interrupted
 from test_partitioned_training import _env, _step_losses, spawned
 from test_partitioned_typed import SETTINGS, _partition, typed_graph
 
@@ -45,6 +45,20 @@ def test_one_part_in_one_process_trains_as_the_whole_graph_in_neutronorch_mode(t
     assert parted["test_acc"] == whole["test_acc"]
     assert parted["neutronorch"]["hot_set"] == "owner" and parted["hot"]["reuse_rate"] > 0.3
     assert set(parted["exchange"]["training"]["lanes"]) == {"plan", "cold", "host", "gradient"}
+
+
+def test_a_run_on_one_part_stopped_within_a_super_batch_resumes_as_it_was(tmp_path):
+    folder = _partition(featured_graph(), tmp_path / "p1", 1)
+    run = lambda name, resume=False, **given: neutronorch.train(neutronorch.TrainConfig(  # noqa: E731
+        **dict(SETTINGS, **HOT, epochs=2), partitions=str(folder), checkpoint_dir=str(tmp_path / name),
+        log_jsonl=str(tmp_path / f"{name}.jsonl"), resume=resume), **given)
+    run("whole")
+    stop = threading.Event()
+    with pytest.raises(Interrupted):  # after step 1 of epoch 1: within the super-batch of steps 3 and 4
+        run("ck", progress=lambda epoch, done, total: epoch == 1 and done == 1 and stop.set(), stop=stop)
+    run("ck", resume=True)
+    losses = _step_losses(tmp_path / "whole.jsonl")
+    assert len(losses) == 6 and _step_losses(tmp_path / "ck.jsonl") == losses  # bit for bit
 
 
 def test_a_typed_graph_with_embedding_tables_or_a_link_task_is_refused_before_any_output(tmp_path):

@@ -6,6 +6,7 @@ a hot vertex is computed by its owner for every rank holding it hot. What does n
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 import numpy as np
 import torch
@@ -49,12 +50,11 @@ class PartNeutronOrchMode(NeutronOrchMode):
                 "hot_rows_exchanged": {"sent": owner.sent_rows, "received": owner.received_rows}}
 
 
-def build_mode(config: TrainConfig, part, graph, world: World, access, loader, sampling, spans, threads,
-               degrees: np.ndarray | None, seeds, cold: object, evaluation_exchange,
-               stack: contextlib.ExitStack) -> PartNeutronOrchMode:
-    """The mode of rank ``world.rank`` on ``part``: ``loader`` (a ``PartitionedLoader`` over the exchange
-    ``cold``) loads the cold mini-batches; the planner and the host get exchanges of their own, closed by
-    ``stack`` after the mode."""
+def exchanges(world: World, cold, stack: contextlib.ExitStack) -> tuple[dict[str, Lane], object, Callable]:
+    """NeutronOrch's exchanges on the parts: each thread's lane (the planner's and the host's made here, closed
+    by ``stack`` after the mode; the cold sampler's over ``cold``), whose ranks stop together (a stop agreed by
+    the trainers leaves them anywhere); the trainer's exchange of the hot rows' gradient; and ``agree(tensor)``,
+    the element-wise maximum over the ranks."""
     if world.distributed:
         plan = GlooExchange.new(world, "the partitioned planner's exchange")
         host = GlooExchange.new(world, "NeutronOrch's exchange of hot rows")
@@ -66,9 +66,18 @@ def build_mode(config: TrainConfig, part, graph, world: World, access, loader, s
     else:
         plan, host, gradients = (ThreadExchange.group(1)[0] for _ in range(3))
         agree = lambda t: t  # noqa: E731
-    # The threads' exchanges, whose ranks stop together (a stop agreed by the trainers leaves them anywhere).
     lanes = {"plan": Lane(plan, "the planner's exchange"), "cold": Lane(cold, "the cold sampler's exchange"),
              "host": Lane(host, "the exchange of hot rows")}
+    return lanes, gradients, agree
+
+
+def build_mode(config: TrainConfig, part, graph, world: World, access, loader, sampling, spans, threads,
+               degrees: np.ndarray | None, seeds, cold: object, evaluation_exchange,
+               stack: contextlib.ExitStack) -> PartNeutronOrchMode:
+    """The mode of rank ``world.rank`` on ``part``: ``loader`` (a ``PartitionedLoader`` over the exchange
+    ``cold``) loads the cold mini-batches; the planner and the host get exchanges of their own, closed by
+    ``stack`` after the mode."""
+    lanes, gradients, agree = exchanges(world, cold, stack)
     loader = PartitionedLoader(loader.access, RemoteRows(part, lanes["cold"]), loader.spans, loader.dtype)
 
     def samplers(lane: str) -> PartitionedSampler:  # "own": the host's, of its part's vertices, exchanging nothing

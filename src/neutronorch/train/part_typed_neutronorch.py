@@ -14,12 +14,11 @@ import torch
 from neutronorch.config import TrainConfig
 from neutronorch.errors import ConfigError
 from neutronorch.orchestration.neutronorch.parts_typed import TypedOwnerHotSet, TypedPartKind
-from neutronorch.sampling.exchange import Lane, ThreadExchange
 from neutronorch.sampling.partitioned import global_in_degrees
 from neutronorch.sampling.partitioned_typed import PartitionedTypedSampler
 from neutronorch.train.distributed import World
-from neutronorch.train.part_exchange import GlooExchange, TrafficRecord
-from neutronorch.train.part_neutronorch import WHY, PartNeutronOrchMode, check_request
+from neutronorch.train.part_exchange import TrafficRecord
+from neutronorch.train.part_neutronorch import WHY, PartNeutronOrchMode, check_request, exchanges
 from neutronorch.train.part_typed import TypedPartLoader, TypedRemoteRows
 
 
@@ -58,19 +57,7 @@ def build_typed_mode(config: TrainConfig, part, graph, world: World, setup, acce
     """The NeutronOrch mode of rank ``world.rank`` on a typed ``part`` (``setup``: ``part_typed.typed_setup``'s):
     the cold sampler samples over the setup's sampling exchange; the planner and the host get exchanges of their
     own, closed by ``stack`` after the mode."""
-    if world.distributed:
-        plan = GlooExchange.new(world, "the partitioned planner's exchange")
-        host = GlooExchange.new(world, "NeutronOrch's exchange of hot rows")
-        for exchange in (plan, host):
-            stack.callback(exchange.close)
-        gradients = GlooExchange(world, what="the exchange of the hot rows' gradient")
-        agree = lambda t: world.all_reduce_(t, "agreeing on the snapshot lead", world.host_group,  # noqa: E731
-                                            torch.distributed.ReduceOp.MAX)
-    else:
-        plan, host, gradients = (ThreadExchange.group(1)[0] for _ in range(3))
-        agree = lambda t: t  # noqa: E731
-    lanes = {"plan": Lane(plan, "the planner's exchange"), "cold": Lane(setup.sampling, "the cold sampler's exchange"),
-             "host": Lane(host, "the exchange of hot rows")}
+    lanes, gradients, agree = exchanges(world, setup.sampling, stack)
     fanouts = setup.fanouts
     samplers = lambda lane: PartitionedTypedSampler(part, lanes.get(lane), fanouts)  # noqa: E731
     hot_rows = TypedRemoteRows(part, lanes["host"])

@@ -147,18 +147,13 @@ class RemoteStore:
         return tensor_from_numpy(rows).to(self.dtype)
 
 
-class PartKind(HomogeneousKind):
-    """``HomogeneousKind`` for a rank holding one part, on the CPU: ``samplers`` makes each thread's sampler
-    (``"plan"``, ``"cold"``: across the parts, each over its thread's exchange; ``"own"``: of this part's own
-    vertices, the host's), ``loader`` loads the cold mini-batches (``PartitionedLoader``), ``source`` gives the
-    hot rows' inputs (``RemoteStore``) and ``degree_ptr`` is the cumulative in-degree of the whole graph's
-    vertices (what the planner counts spared edges by). It draws and splices as ``HomogeneousKind`` does."""
+class PartLanes:
+    """What the kinds of a rank holding one part share (``PartKind``, ``parts_typed.TypedPartKind``): each
+    thread's sampler from ``samplers`` (``"plan"``, ``"cold"``: across the parts, each over its thread's exchange
+    in ``lanes``), and each thread's leaving told to the other ranks'."""
 
-    def __init__(self, graph, access, spans, sampling, samplers: Callable[[str], object], loader,
-                 source: RemoteStore, degree_ptr: np.ndarray, lanes: dict[str, Lane]):
-        super().__init__(graph, access, spans, sampling, lambda: samplers("own"))
-        self.samplers, self.loader, self.source, self.degree_ptr = samplers, loader, source, degree_ptr
-        self.lanes = lanes  # each thread's exchange: "plan", "cold" and "host"
+    samplers: Callable[[str], object]
+    lanes: dict[str, Lane]
 
     @contextlib.contextmanager
     def leaving(self, lane: str):
@@ -175,6 +170,20 @@ class PartKind(HomogeneousKind):
 
     def cold_sampler(self):
         return self.samplers("cold")
+
+
+class PartKind(PartLanes, HomogeneousKind):
+    """``HomogeneousKind`` for a rank holding one part, on the CPU: ``samplers`` makes each thread's sampler
+    (``"plan"``, ``"cold"``: across the parts, each over its thread's exchange; ``"own"``: of this part's own
+    vertices, the host's), ``loader`` loads the cold mini-batches (``PartitionedLoader``), ``source`` gives the
+    hot rows' inputs (``RemoteStore``) and ``degree_ptr`` is the cumulative in-degree of the whole graph's
+    vertices (what the planner counts spared edges by). It draws and splices as ``HomogeneousKind`` does."""
+
+    def __init__(self, graph, access, spans, sampling, samplers: Callable[[str], object], loader,
+                 source: RemoteStore, degree_ptr: np.ndarray, lanes: dict[str, Lane]):
+        super().__init__(graph, access, spans, sampling, lambda: samplers("own"))
+        self.samplers, self.loader, self.source, self.degree_ptr = samplers, loader, source, degree_ptr
+        self.lanes = lanes  # each thread's exchange: "plan", "cold" and "host"
 
     def planner(self, sampler) -> Planner:
         return Planner(self.graph, self.sampling.fanouts[-1], self.degree_ptr)

@@ -10,8 +10,6 @@ table rows and their gradients would cross between the owners of the tables' row
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from types import SimpleNamespace
 from typing import Callable
 
@@ -19,10 +17,9 @@ import numpy as np
 import torch
 
 from neutronorch.data.typed import RelationType, TypedGraph
-from neutronorch.errors import TrainingError
 from neutronorch.orchestration.neutronorch.mode import PROBE_KEY, TypedKind
 from neutronorch.orchestration.neutronorch.node import NodeHotSet
-from neutronorch.orchestration.neutronorch.parts import OwnerHotSet, OwnerPlan
+from neutronorch.orchestration.neutronorch.parts import OwnerHotSet, OwnerPlan, PartLanes
 from neutronorch.orchestration.neutronorch.planner import PROBE_ROWS, Planner
 from neutronorch.sampling.exchange import Exchange, Lane
 from neutronorch.sampling.neighbor_sampler import mix_key
@@ -85,7 +82,7 @@ class TypedOwnerHotSet(OwnerHotSet):
         return self.by_type(total, [computed.get(t, 0) for t in self.offsets])
 
 
-class TypedPartKind(TypedKind):
+class TypedPartKind(PartLanes, TypedKind):
     """``TypedKind`` for a rank holding one part of a typed graph, on the CPU: ``samplers`` makes each thread's
     sampler (``"plan"``, ``"cold"``: across the parts, each over its thread's exchange; ``"own"``: of its part's
     own vertices, the host's), ``loader`` loads the cold mini-batches, ``source(frontier, device)`` gives the hot
@@ -97,21 +94,6 @@ class TypedPartKind(TypedKind):
                  lanes: dict[str, Lane]):
         super().__init__(graph, access, fanouts, False, spans, lambda: samplers("own"))
         self.samplers, self.loader, self.source, self.indptrs, self.lanes = samplers, loader, source, indptrs, lanes
-
-    @contextlib.contextmanager
-    def leaving(self, lane: str):
-        """As ``parts.PartKind.leaving``: the thread of ``lane`` tells the other ranks' as it leaves."""
-        try:
-            yield
-        finally:
-            with contextlib.suppress(TrainingError, threading.BrokenBarrierError):
-                self.lanes[lane].finish()
-
-    def plan_sampler(self):
-        return self.samplers("plan")
-
-    def cold_sampler(self):
-        return self.samplers("cold")
 
     def planner(self, sampler) -> Planner:
         return Planner(self.graph, {r: f[-1] for r, f in self.fanouts.items()}, self.indptrs)
