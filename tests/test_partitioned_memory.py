@@ -23,6 +23,7 @@ from neutronorch.orchestration import remote_rows
 from neutronorch.orchestration.remote_rows import RemoteRows, RowBuffers, rows_bytes
 from neutronorch.sampling.exchange import ThreadExchange
 from neutronorch.sampling.frontier_map import FrontierMap
+from neutronorch.train import part_eval
 from neutronorch.train import run as run_module
 from neutronorch.train.distributed import World
 from neutronorch.train.part_eval import PartEvaluation
@@ -87,6 +88,26 @@ def test_an_evaluation_holds_a_chunk_sized_vertex_map_and_chunk_buffer_only_whil
     logits = evaluation.logits(net, nodes, torch.device("cpu"), 300)
     assert logits.shape == (nodes.shape[0], graph.num_classes) and torch.isfinite(logits).all()
     assert evaluation._map._table.nbytes == empty and evaluation._buffer.nbytes == 0
+
+
+def test_an_evaluation_chunk_fetches_no_more_rows_than_its_budget_and_gives_the_same_logits(one_part, monkeypatch):
+    """A chunk stops at ``chunk_size`` destinations or at ``EVAL_CHUNK_BYTES`` of rows (each destination with its
+    in-neighbours, one alone whatever its degree): a hub's chunk fetches no more than it must."""
+    graph, folder = one_part
+    part = load_partition(folder, 0, verify=False)
+    net = GNN("sage", graph.feature_dim, 8, graph.num_classes, 2).eval()
+    nodes = np.asarray(graph.test_idx, dtype=np.int64)
+    evaluation = PartEvaluation(part, ThreadExchange.group(1)[0], World())
+    whole = evaluation.logits(net, nodes, torch.device("cpu"), 300)
+    budget_rows = 50  # rows of the features a chunk may fetch
+    monkeypatch.setattr(part_eval, "EVAL_CHUNK_BYTES", budget_rows * part.features[0].nbytes)
+    owned = np.asarray(part.ids)
+    bounds = evaluation._bounded(owned, 300, None)
+    rows = np.diff(np.asarray(part.indptr))[part.local(owned)] + 1
+    assert bounds[0][0] == 0 and bounds[-1][1] == owned.shape[0] and len(bounds) > owned.shape[0] // 300
+    assert all(end - start == 1 or rows[start:end].sum() <= budget_rows for start, end in bounds)
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    torch.testing.assert_close(evaluation.logits(net, nodes, torch.device("cpu"), 300), whole, rtol=1e-5, atol=1e-6)
 
 
 def test_a_one_part_run_reuses_its_batches_and_chunks_buffers_and_evaluates_with_freed_blocks_returned(

@@ -29,6 +29,9 @@ from neutronorch.train.resources import return_freed_memory
 from neutronorch.train.task import confusion, counted_score
 
 
+EVAL_CHUNK_BYTES = 64 << 20  # the most bytes of rows a chunk of full-neighbour evaluation fetches (``_bounded``)
+
+
 class PartEvaluation:
     """The evaluation of a rank holding ``part``, fetching rows through ``exchange`` (which only the trainer's
     thread uses) among the ranks of ``world``."""
@@ -127,19 +130,17 @@ class PartEvaluation:
         hidden = None
         for layer in range(model.num_layers - 1):
             out = torch.empty((owned.shape[0], model.width(layer)))
-            for start in self._chunks(owned.shape[0], chunk_size):
-                ids = owned[start:start + chunk_size]
-                out[start:start + ids.shape[0]] = self.layer_rows(model, layer, ids, hidden, device)
+            for start, end in self._bounded(owned, chunk_size, hidden):
+                out[start:end] = self.layer_rows(model, layer, owned[start:end], hidden, device)
                 if progress is not None:
-                    progress(layer + 1, min(owned.shape[0], start + chunk_size), owned.shape[0])
+                    progress(layer + 1, end, owned.shape[0])
             hidden = out.numpy()
         last = model.num_layers - 1
         logits = torch.empty((nodes.shape[0], model.width(last)))  # filled chunk by chunk: no list to join
-        for start in self._chunks(nodes.shape[0], chunk_size):
-            ids = nodes[start:start + chunk_size]
-            logits[start:start + ids.shape[0]] = self.layer_rows(model, last, ids, hidden, device)
+        for start, end in self._bounded(nodes, chunk_size, hidden):
+            logits[start:end] = self.layer_rows(model, last, nodes[start:end], hidden, device)
             if progress is not None:
-                progress(last + 1, min(nodes.shape[0], start + chunk_size), nodes.shape[0])
+                progress(last + 1, end, nodes.shape[0])
         self._done()  # nothing held between evaluations
         return logits
 
@@ -177,6 +178,24 @@ class PartEvaluation:
         """Let go what an evaluation held: its chunks' buffers and vertex map."""
         self._map, self._buffer = FrontierMap(), GrowingBuffer()
         self.fetcher.drop_buffers()
+
+    def _bounded(self, ids: np.ndarray, chunk_size: int, table: np.ndarray | None) -> list[tuple[int, int]]:
+        """This rank's chunks of ``ids`` (its own vertices) as (start, end): at most ``chunk_size`` of them, and
+        no more than ``EVAL_CHUNK_BYTES`` of rows of ``table`` (None: the features) fetched, counting each
+        vertex and its in-neighbours (a vertex alone may take more); then empty ones, as many as the rank with
+        the most chunks takes (a collective)."""
+        part = self.part
+        rows = np.diff(np.asarray(part.indptr))[part.local(ids)] + 1 if ids.shape[0] else np.zeros(0, np.int64)
+        budget = max(1, EVAL_CHUNK_BYTES // rows_bytes(1, part.features if table is None else table))
+        ends, total, start = [], np.concatenate([[0], np.cumsum(rows)]), 0
+        while start < ids.shape[0]:
+            end = min(start + chunk_size, int(np.searchsorted(total, total[start] + budget, side="right")) - 1)
+            start = max(end, start + 1)
+            ends.append(start)
+        bounds = list(zip([0, *ends[:-1]], ends))
+        exchange = self.fetcher.exchange
+        counts = exchange.all_to_all([np.array([len(bounds)], np.int64)] * exchange.size, [1] * exchange.size)
+        return bounds + [(ids.shape[0], ids.shape[0])] * (int(max(c[0] for c in counts)) - len(bounds))
 
     def _chunks(self, count: int, chunk_size: int) -> range:
         """The starts of this rank's chunks of ``count`` rows, as many as the rank with the most takes (those
