@@ -139,8 +139,7 @@ class RemoteRows:
             rounds = max(1, -(-max(int(request[0]) >> 32 for request in asked) // step))
             for lo in range(0, rounds * step, step):
                 got, got_sizes = exchange.swap_packed(
-                    self._reply(rows, counts, table, lo, step),
-                    [piece_bytes(r.shape[0], m, lo, step, table, labels) for r, m in zip(rows, counts)],
+                    *self._reply(rows, counts, table, lo, step),
                     [piece_bytes(a.shape[0], int(m), lo, step, table, labels) if k != me else 0
                      for k, (a, m) in enumerate(zip(asks, wanted))], self._received.take)
                 at = 0
@@ -161,9 +160,10 @@ class RemoteRows:
         out_labels[positions[:m]] = labels[own[:m]]
         return out, out_labels
 
-    def _reply(self, rows: list[np.ndarray], counts: list[int], table: np.ndarray, lo: int, step: int) -> np.ndarray:
+    def _reply(self, rows: list[np.ndarray], counts: list[int], table: np.ndarray, lo: int, step: int
+               ) -> tuple[np.ndarray, list[int]]:
         """This round's reply to every asker (its rows ``lo:lo + step``, then the labels of those among its
-        first ``counts`` rows), gathered straight into the reused send buffer."""
+        first ``counts`` rows), gathered straight into the reused send buffer, and its bytes for each."""
         labels = self.part.labels
         sizes = [piece_bytes(r.shape[0], m, lo, step, table, labels) for r, m in zip(rows, counts)]
         send, at = self._send.take(sum(sizes))[:sum(sizes)], 0
@@ -176,7 +176,7 @@ class RemoteRows:
             np.take(labels, piece[:m], axis=0, out=send[at:at + m * row_bytes(labels)].view(labels.dtype).reshape(
                 (m, *labels.shape[1:])))
             at += m * row_bytes(labels)
-        return send
+        return send, sizes
 
 
 LOW = (1 << 32) - 1

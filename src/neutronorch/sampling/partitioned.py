@@ -143,3 +143,12 @@ def global_in_degrees(part, gather, dtype=np.float32) -> np.ndarray:
     parts = gather(own)
     starts = np.cumsum([0] + [p.shape[0] for p in parts[:-1]])
     return torch.cat(parts).numpy()[starts[np.asarray(part.part_of)] + np.asarray(part.local_index)]
+
+
+def global_in_degree_ptr(part, gather) -> np.ndarray:
+    """The whole graph's cumulative in-degrees (int64, a leading 0: vertex v's is ``ptr[v + 1] - ptr[v]``), from
+    ``global_in_degrees``: what NeutronOrch's planner counts the edges a hot vertex spares by. 8 bytes a vertex."""
+    counts = global_in_degrees(part, gather, np.int64)
+    ptr = np.zeros(counts.shape[0] + 1, np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    return ptr

@@ -92,6 +92,10 @@ class World:
             with self._collective(what):
                 torch.distributed.broadcast(buffer[lo:hi], src=source, group=self._group_of(buffer))
 
+    def rows_gatherer(self, what: str):
+        """``all_gather_rows`` as a function of the rows, for every rank; in one process, ``[rows]``."""
+        return (lambda rows: self.all_gather_rows(rows, what)) if self.distributed else (lambda rows: [rows])
+
     def all_gather_rows(self, rows: torch.Tensor, what: str, group=None) -> list[torch.Tensor]:
         """Each member of ``group``'s (default: every rank's) CPU tensor, any number of rows each (the same
         trailing shape and dtype), in member order, on every member."""

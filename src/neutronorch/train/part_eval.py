@@ -193,17 +193,18 @@ class PartEvaluation:
             start = max(end, start + 1)
             ends.append(start)
         bounds = list(zip([0, *ends[:-1]], ends))
-        exchange = self.fetcher.exchange
-        counts = exchange.all_to_all([np.array([len(bounds)], np.int64)] * exchange.size, [1] * exchange.size)
-        return bounds + [(ids.shape[0], ids.shape[0])] * (int(max(c[0] for c in counts)) - len(bounds))
+        return bounds + [(ids.shape[0], ids.shape[0])] * (self._most_chunks(len(bounds)) - len(bounds))
 
     def _chunks(self, count: int, chunk_size: int) -> range:
         """The starts of this rank's chunks of ``count`` rows, as many as the rank with the most takes (those
         past ``count`` are empty): every rank fetches the same number of times."""
+        return range(0, self._most_chunks(-(-count // chunk_size)) * chunk_size, chunk_size)
+
+    def _most_chunks(self, mine: int) -> int:
+        """The most chunks any rank takes, this rank's being ``mine`` (a collective)."""
         exchange = self.fetcher.exchange
-        mine = np.array([-(-count // chunk_size)], np.int64)
-        counts = exchange.all_to_all([mine] * exchange.size, [1] * exchange.size)
-        return range(0, int(max(c[0] for c in counts)) * chunk_size, chunk_size)
+        counts = exchange.all_to_all([np.array([mine], np.int64)] * exchange.size, [1] * exchange.size)
+        return int(max(c[0] for c in counts))
 
     def layer_rows(self, model, layer: int, ids: np.ndarray, hidden: np.ndarray | None,
                    device: torch.device) -> torch.Tensor:

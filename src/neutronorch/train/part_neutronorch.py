@@ -17,7 +17,7 @@ from neutronorch.orchestration.neutronorch import NeutronOrchMode
 from neutronorch.orchestration.neutronorch.parts import OwnerHotSet, PartKind, RemoteStore
 from neutronorch.orchestration.remote_rows import PartitionedLoader, RemoteRows
 from neutronorch.sampling.exchange import Lane, ThreadExchange
-from neutronorch.sampling.partitioned import PartitionedSampler, global_in_degrees
+from neutronorch.sampling.partitioned import PartitionedSampler, global_in_degree_ptr
 from neutronorch.train.distributed import World
 from neutronorch.train.part_exchange import GlooExchange, TrafficRecord
 
@@ -84,11 +84,7 @@ def build_mode(config: TrainConfig, part, graph, world: World, access, loader, s
         return PartitionedSampler(part, lanes.get(lane), sampling.fanouts, degrees)
 
     # The planner counts the bottom-hop edges a hot vertex spares by its in-degree in the whole graph.
-    counts = global_in_degrees(part, lambda t: world.all_gather_rows(t, "gathering the in-degrees") if
-                               world.distributed else [t], np.int64)
-    degree_ptr = np.zeros(counts.shape[0] + 1, np.int64)
-    np.cumsum(counts, out=degree_ptr[1:])
-    del counts
+    degree_ptr = global_in_degree_ptr(part, world.rows_gatherer("gathering the in-degrees"))
     kind = PartKind(graph, access, spans, sampling, samplers, loader,
                     RemoteStore(RemoteRows(part, lanes["host"]), loader.dtype), degree_ptr, lanes)
     if config.neutronorch.hot_ratio == "auto":  # the drift probe's rows, fetched now (trainer thread, every rank)

@@ -50,18 +50,18 @@ def whole_tables(path: Path, state: dict, read: Callable[[Path], dict]) -> dict:
     parts = partition["parts"]
     name = f"a typed run on {parts} parts, whose embedding tables each rank's file holds its part's rows of"
     base = next((b for b in ("last.pt", "best.pt") if path.name in {rank_file(r, b) for r in range(parts)}), None)
-    if base is None or "table_rows" not in partition:
-        raise CheckpointError(f"{path}: written by rank {partition['part']} of {name}, and it is not named as its "
-                              f"rank wrote it (last.pt or best.pt by rank 0, last.rank-R.pt or best.rank-R.pt by "
-                              f"rank R) or names none of its rows; a model for inference needs every row. Predict "
-                              f"from {folder / 'last.pt'} of a run of this version, with every rank's file beside it.")
+    if base is None:
+        raise CheckpointError(f"{path}: written by rank {partition['part']} of {name}, and not named as its rank "
+                              f"wrote it (last.pt or best.pt by rank 0, last.rank-R.pt or best.rank-R.pt by rank R); "
+                              f"a model for inference needs every rank's rows. Give {folder / 'last.pt'} with every "
+                              f"rank's file beside it, under the names they were written with.")
     states = []
     for rank in range(parts):
         file = folder / rank_file(rank, base)
         if not file.is_file():
             raise CheckpointError(f"{file}: rank {rank}'s checkpoint is missing. {path} is a file of {name}; a model "
-                                  f"for inference reads every rank's ({base}, {base.removesuffix('.pt')}.rank-R.pt) from "
-                                  f"one folder: put it back beside the others.")
+                                  f"for inference reads every rank's ({base}, {base.removesuffix('.pt')}.rank-R.pt) "
+                                  f"from one folder: put it back beside the others.")
         theirs = state if file == path else read(file)
         problem = misfit(theirs, {**partition, "part": rank}, file, str(state["config"].get("partitions")))
         if problem is None and position(theirs) != position(state):
@@ -78,7 +78,7 @@ def whole_tables(path: Path, state: dict, read: Callable[[Path], dict]) -> dict:
         rows = model[key]
         whole = rows.new_empty((int(counts[node_type]), rows.shape[1]))
         seen = torch.zeros(whole.shape[0], dtype=torch.int32)
-        for rank, theirs in enumerate(states):
+        for theirs in states:
             ids = theirs["partition"]["table_rows"][node_type]
             whole[ids] = theirs["model"][key]
             seen.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))

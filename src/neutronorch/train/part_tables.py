@@ -65,12 +65,11 @@ class PartTables:
     def __init__(self, part, exchange):
         self.part, self.exchange = part, exchange
         self.tables: dict[str, OwnedTable] = {}
-        self._fetchers: dict[tuple[str, int], RemoteRows] = {}
+        self._fetchers: dict[tuple[str, int], RemoteRows] = {}  # per table and exchange, made once
 
     def attach(self, model: nn.Module) -> None:
         """Hold ``model``'s ``OwnedTable``s (made by ``maker``)."""
         self.tables = {m.node_type: m for m in model.modules() if isinstance(m, OwnedTable)}  # a link model's too
-        self._fetchers: dict[tuple[str, int], RemoteRows] = {}  # per table and exchange, made once
 
     def shapes(self) -> dict[str, tuple[int, int]]:
         return {t: tuple(table.weight.shape) for t, table in self.tables.items()}

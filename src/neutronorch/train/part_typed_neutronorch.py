@@ -8,24 +8,22 @@ from __future__ import annotations
 import contextlib
 from types import SimpleNamespace
 
-import numpy as np
 import torch
 
 from neutronorch.config import TrainConfig
 from neutronorch.errors import ConfigError
 from neutronorch.orchestration.neutronorch.parts_typed import TypedOwnerHotSet, TypedPartKind
-from neutronorch.sampling.partitioned import global_in_degrees
+from neutronorch.sampling.partitioned import global_in_degree_ptr
 from neutronorch.sampling.partitioned_typed import PartitionedTypedSampler
 from neutronorch.train.distributed import World
 from neutronorch.train.part_exchange import TrafficRecord
-from neutronorch.train.part_neutronorch import WHY, PartNeutronOrchMode, check_request, exchanges
+from neutronorch.train.part_neutronorch import WHY, PartNeutronOrchMode, exchanges
 from neutronorch.train.part_typed import TypedPartLoader, TypedRemoteRows
 
 
 def check_typed_request(config: TrainConfig, graph: dict) -> None:
-    """What NeutronOrch mode on a typed graph's parts refuses beyond ``part_neutronorch.check_request``
+    """What NeutronOrch mode on a typed graph's parts refuses beyond ``part_neutronorch.check_request`` (run before)
     (``graph``: the partition manifest's), before any output is made."""
-    check_request(config)
     if config.task == "link":
         raise ConfigError(f"`mode` neutronorch on a typed graph's parts trains a node task so far {WHY}; train the "
                           f"link task in `mode` exact on the parts, or the typed graph whole (`dataset`).")
@@ -41,15 +39,10 @@ def check_typed_request(config: TrainConfig, graph: dict) -> None:
 def global_indptrs(part, world: World) -> dict:
     """Each relation's cumulative in-degrees of its destination type in the whole graph (int64), from every
     part's own (a collective): what the planner counts spared edges by."""
-    gather = lambda t: world.all_gather_rows(t, "gathering the in-degrees") if world.distributed else [t]  # noqa
-    out = {}
-    for relation, csc in part.relations.items():
-        t = relation[2]
-        view = SimpleNamespace(indptr=csc.indptr, part_of=part.part_of[t], local_index=part.local_index[t])
-        counts = global_in_degrees(view, gather, np.int64)
-        out[relation] = np.zeros(counts.shape[0] + 1, np.int64)
-        np.cumsum(counts, out=out[relation][1:])
-    return out
+    gather = world.rows_gatherer("gathering the in-degrees")
+    return {relation: global_in_degree_ptr(SimpleNamespace(indptr=csc.indptr, part_of=part.part_of[relation[2]],
+                                                           local_index=part.local_index[relation[2]]), gather)
+            for relation, csc in part.relations.items()}
 
 
 def build_typed_mode(config: TrainConfig, part, graph, world: World, setup, access, seeds, sampling, spans, threads,

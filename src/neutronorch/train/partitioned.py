@@ -194,8 +194,8 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     access = FeatureAccess(device, FeatureStore(part.features, part.labels), placement, None, None)
     loader = PartitionedLoader(access, RemoteRows(part, sampling_exchange), spans, precision_dtype(config.precision))
     # Symmetric GCN's blocks carry their sources' in-degrees in the whole graph: each part's own, gathered.
-    degrees = global_in_degrees(part, lambda t: world.all_gather_rows(t, "gathering the in-degrees") if
-                                world.distributed else [t]) if model.needs_degrees else None
+    degrees = global_in_degrees(part, world.rows_gatherer("gathering the in-degrees")) if model.needs_degrees \
+        else None
     seeds = (LinkSeeds(graph.links.train, graph.num_nodes, sampling, config.negatives, owner=part.part_of) if link
              else NodeSeeds(graph, sampling, part.part_of))  # each global batch dealt by owner
     mode = MODES[config.mode](config, part, graph, world, access, loader, sampling, spans, threads, degrees, seeds,

@@ -11,8 +11,8 @@ import torch
 def reduce_tables(world, tables: list[torch.Tensor], weight: float, apart: list | None = None) -> None:
     """Every table's gradient (``world``: the run's ``distributed.World``): every rank's (row ids, rows),
     weighted by its loss terms, summed where ranks share rows and divided by the global batch's terms
-    (``combine_rows``), in two all-gathers: each rank's weight and row counts, then its rows. Every rank computes it from the same gathered bytes in the same
-    order, so tables and moments stay identical on every rank, bit for bit. ``apart``: per table a sparse
+    (``combine_rows``), in two all-gathers: each rank's weight and row counts, then its rows. Every rank
+    computes it from the same gathered bytes in the same order, so tables and moments stay identical on every rank, bit for bit. ``apart``: per table a sparse
     gradient (or None) reduced instead of the table's and added to it (with ``weight`` 1: their mean)."""
     widths = [table.shape[1] for table in tables]
     parts = ([own_rows(table) for table in tables] if apart is None

@@ -33,9 +33,13 @@ class StackedOwners:
         self.part_of, self.types = part_of, list(offsets)
         self.starts = np.array(list(offsets.values()), np.int64)
 
+    def type_of(self, ids: np.ndarray) -> np.ndarray:
+        """Each stacked id's type, as its index in the types' order."""
+        return np.searchsorted(self.starts, ids, side="right") - 1
+
     def __getitem__(self, ids) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
-        at = np.searchsorted(self.starts, ids, side="right") - 1
+        at = self.type_of(ids)
         owners = np.empty(ids.shape[0], np.int32)
         for k, t in enumerate(self.types):
             mine = at == k
@@ -54,8 +58,9 @@ class TypedOwnerHotSet(OwnerHotSet):
     def __init__(self, part, rows: Exchange, gradients: Exchange, agree: Callable[[torch.Tensor], torch.Tensor]):
         counts = dict(part.num_nodes)
         self.offsets = dict(zip(counts, (int(o) for o in np.cumsum([0, *counts.values()])[:-1])))
-        owners = StackedOwners({t: part.part_of[t] for t in counts}, self.offsets)
-        super().__init__(SimpleNamespace(part=part.part, parts=part.parts, part_of=owners), rows, gradients, agree)
+        self.owners = StackedOwners({t: part.part_of[t] for t in counts}, self.offsets)
+        super().__init__(SimpleNamespace(part=part.part, parts=part.parts, part_of=self.owners), rows, gradients,
+                         agree)
 
     def _stack(self, hot: dict) -> np.ndarray:
         return np.concatenate([np.zeros(0, np.int64)] + [np.asarray(hot[t], dtype=np.int64) + o
@@ -66,13 +71,12 @@ class TypedOwnerHotSet(OwnerHotSet):
 
     def group(self, ids: np.ndarray) -> np.ndarray:
         """The type of each stacked id (its index in ``offsets``): the rows a rank computes go type by type."""
-        return np.searchsorted(np.array(list(self.offsets.values()), np.int64), ids, side="right") - 1
+        return self.owners.type_of(ids)
 
     def computed(self, hot: dict, plan: OwnerPlan) -> dict:
         """The vertices this rank computes, per type (its part's, in the order first asked), the types in
         ``hot``'s order, then any other (the order the host's rows, and their gradient's terms, are summed in)."""
-        starts = np.array(list(self.offsets.values()), np.int64)
-        at = self.group(plan.computed)
+        at, starts = self.group(plan.computed), self.owners.starts
         mine = {t: plan.computed[at == k] - starts[k] for k, t in enumerate(self.offsets) if (at == k).any()}
         return {t: mine[t] for t in [*hot, *mine] if t in mine}
 
