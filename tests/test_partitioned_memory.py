@@ -26,6 +26,7 @@ from neutronorch.sampling.frontier_map import FrontierMap
 from neutronorch.train import part_eval
 from neutronorch.train import run as run_module
 from neutronorch.train.distributed import World
+from neutronorch.train.evaluate import eval_subset
 from neutronorch.train.part_eval import PartEvaluation
 
 GRAPH = "synthetic:nodes=3000,features=16,degree=8"
@@ -108,6 +109,26 @@ def test_an_evaluation_chunk_fetches_no_more_rows_than_its_budget_and_gives_the_
     assert all(end - start == 1 or rows[start:end].sum() <= budget_rows for start, end in bounds)
     assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
     torch.testing.assert_close(evaluation.logits(net, nodes, torch.device("cpu"), 300), whole, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("max_nodes", [0, 70])
+def test_a_rank_finds_its_evaluated_vertices_a_block_at_a_time_as_from_all_of_them(tmp_path, monkeypatch, max_nodes):
+    """``evaluated`` reads the whole graph's validation and test vertices a block at a time instead of copying
+    them all: the same count, positions and vertices as found from all of them (``eval_subset``'s sample too)."""
+    graph = load_dataset(GRAPH)
+    write_partition(graph, assign(graph, 3, "random", seed=0), 3, tmp_path / "p3", "random", 0, GRAPH)
+    monkeypatch.setattr(part_eval, "SCAN_BLOCK", 7)
+    config = neutronorch.TrainConfig(eval_max_nodes=max_nodes, seed=4)
+    nodes = np.concatenate([eval_subset(graph.val_idx, max_nodes, 4), eval_subset(graph.test_idx, max_nodes, 5)])
+    found = []
+    for rank in range(3):
+        evaluation = PartEvaluation(load_partition(tmp_path / "p3", rank, verify=False), None, World())
+        split, positions, own = evaluation.evaluated(config)
+        assert split == (max_nodes or len(graph.val_idx)) and np.array_equal(own, nodes[positions])
+        assert np.array_equal(positions, np.flatnonzero(np.asarray(evaluation.part.part_of[nodes]) == rank))
+        assert np.array_equal(evaluation.evaluated_nodes(config), nodes)
+        found.append(positions)
+    assert sorted(np.concatenate(found).tolist()) == list(range(nodes.shape[0]))
 
 
 def test_a_one_part_run_reuses_its_batches_and_chunks_buffers_and_evaluates_with_freed_blocks_returned(

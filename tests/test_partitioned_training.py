@@ -35,7 +35,7 @@ from neutronorch.train.evaluate import scored
 from neutronorch.train.health import EvaluationCheck
 from neutronorch.train.layerwise import layerwise, sampled_logits
 from neutronorch.train.link_task import link_graph
-from neutronorch.train.part_eval import PartEvaluation
+from neutronorch.train.part_eval import PartEvaluation, SplitCounts
 from neutronorch.train.task import Task
 from test_partitioned_sampling import run_threads
 
@@ -100,8 +100,9 @@ def test_sampled_inference_across_parts_gives_the_whole_graphs_logits(graph, tmp
     def rank(r, exchange):
         part = load_partition(folder, r, verify=False)
         positions = np.flatnonzero(np.asarray(part.part_of[nodes]) == r)
-        return positions, PartEvaluation(part, exchange, World()).sampled(net, nodes, positions, [4, 3],
-                                                                          torch.device("cpu"), 300, 5)
+        chunks = PartEvaluation(part, exchange, World()).sampled(net, nodes, positions, [4, 3], torch.device("cpu"),
+                                                                 300, 5)
+        return positions, torch.cat([torch.zeros(0, graph.num_classes), *chunks])
 
     got = run_threads(rank, parts)
     positions = np.concatenate([got[r][0] for r in range(parts)])
@@ -117,7 +118,7 @@ def _positions(nodes: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 
 class _ThreadWorld:
-    """The two collectives of ``PartEvaluation.counted`` among threads: a rank's view of a shared world."""
+    """The two collectives of ``SplitCounts.scores`` among threads: a rank's view of a shared world."""
 
     def __init__(self, rank: int, shared: dict):
         self.rank, self.shared = rank, shared
@@ -137,16 +138,19 @@ class _ThreadWorld:
 
 
 def _counted_on_ranks(task, logits, labels, split, ranks=3):
-    """Each of ``ranks`` threads scores its share (vertices dealt at random) with ``PartEvaluation.counted``:
-    per rank its scores (or its ``TrainingError``) and the collapse reasons its check kept."""
+    """Each of ``ranks`` threads scores its share (vertices dealt at random) with ``SplitCounts``, its logits
+    counted in chunks of a size of its own: per rank its scores (or its ``TrainingError``) and the collapse
+    reasons its check kept."""
     owner = np.random.default_rng(1).integers(0, ranks, logits.shape[0])
     shared, results = {"slots": [None] * ranks, "barrier": threading.Barrier(ranks, timeout=30)}, [None] * ranks
 
     def one(rank):
         mine, check = torch.from_numpy(np.flatnonzero(owner == rank)), EvaluationCheck(1)
-        world = types.SimpleNamespace(world=_ThreadWorld(rank, shared))
+        counts = SplitCounts(task.num_classes, logits.shape[1], mine, mine < split, labels[mine])
+        for chunk in torch.split(logits[mine], 5 + 17 * rank):
+            counts.add(chunk)
         try:
-            results[rank] = PartEvaluation.counted(world, task, logits[mine], labels[mine], mine < split, check)
+            results[rank] = counts.scores(_ThreadWorld(rank, shared), task.metric, check)
         except TrainingError as exc:
             results[rank] = exc
         results[rank] = (results[rank], check.reasons)
@@ -173,6 +177,9 @@ def test_ranks_adding_up_their_counts_score_as_one_process_scores_all_logits(met
 
 @pytest.mark.parametrize("make, reason", [
     (lambda logits: logits[:1].expand(logits.shape[0], -1), "every vertex given the same scores"),
+    (lambda logits: logits[:1] + 1e-7 * torch.rand(logits.shape), "every vertex given the same scores"),
+    (lambda logits: logits[:1] + torch.tensor([0.0, 0.0, 50.0, 0.0]) + 1e-3 * torch.rand(logits.shape),
+     "one class (2) predicted for every vertex"),
     (lambda logits: logits + torch.tensor([0.0, 0.0, 50.0, 0.0]), "one class (2) predicted for every vertex"),
 ])
 def test_a_collapse_is_found_from_the_counts_as_from_all_logits(make, reason):

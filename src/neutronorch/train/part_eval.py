@@ -7,11 +7,13 @@ whole graph's full-neighbour sampler relabels them, and the previous layer's row
 features for the first layer, then the rows each owner computed, fetched from it (``RemoteRows``). Every rank
 computes as many chunks as the rank with the most, so that every fetch is a collective of all ranks. The last
 layer is computed for the owned validation and test vertices only. Where the metric is a function of the class
-counts (accuracy, F1: ``Task.counted``), each rank counts its own vertices by (label, predicted class) and the
-counts are summed; otherwise the logits, their positions and labels are gathered and every rank scores all of
+counts (accuracy, F1: ``Task.counted``), each rank counts its own vertices by (label, predicted class) chunk by
+chunk, holding no logits, and the counts are summed (``SplitCounts``); otherwise the logits, their positions and labels are gathered and every rank scores all of
 them, as in a full-copy run. Either gives the full-copy run's checks (non-finite logits, a collapse)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -29,7 +31,8 @@ from neutronorch.train.resources import return_freed_memory
 from neutronorch.train.task import confusion, counted_score
 
 
-EVAL_CHUNK_BYTES = 64 << 20  # the most bytes of rows a chunk of full-neighbour evaluation fetches (``_bounded``)
+EVAL_CHUNK_BYTES = 16 << 20  # the most bytes of rows a chunk of full-neighbour evaluation fetches (``_bounded``)
+SCAN_BLOCK = 1 << 16  # the evaluated vertices read at a time to find a rank's own (``evaluated``)
 
 
 class PartEvaluation:
@@ -46,21 +49,23 @@ class PartEvaluation:
         """``Run.evaluate``'s scores ({"val": ..., "test": ...}) of a partitioned run."""
         config, part, world = run.config, self.part, self.world
         self.prepare(run.model)
-        val = eval_subset(part.global_splits["val_idx"], config.eval_max_nodes, config.seed)
-        test = eval_subset(part.global_splits["test_idx"], config.eval_max_nodes, config.seed + 1)
-        nodes = np.concatenate([val, test])
-        positions = np.flatnonzero(np.asarray(self.owners[nodes]) == part.part)
-        logits = self.share_logits(run, nodes, positions, progress)
-        labels = torch.from_numpy(np.asarray(self.labels_of(nodes[positions]), dtype=np.int64))
+        split, positions, own = self.evaluated(config)
+        labels = torch.from_numpy(np.asarray(self.labels_of(own), dtype=np.int64))
+        chunks = self.share_rows(run, own, positions, progress)
+        if world.distributed and run.task.counted:  # counted chunk by chunk: no logits held
+            counts = SplitCounts(run.task.num_classes, self.out_width(run.model), torch.from_numpy(positions),
+                                 torch.from_numpy(positions < split), labels)
+            for rows in chunks:
+                counts.add(rows)
+            return counts.scores(world, run.task.metric, check)
+        logits = joined(chunks, positions.shape[0], self.out_width(run.model))
         positions = torch.from_numpy(positions)
-        if world.distributed and run.task.counted:
-            return self.counted(run.task, logits, labels, positions < val.shape[0], check)
         if world.distributed:
             positions = torch.cat(world.all_gather_rows(positions, "gathering the evaluation's positions"))
             logits = torch.cat(world.all_gather_rows(logits.contiguous(), "gathering the evaluation's logits"))
             labels = torch.cat(world.all_gather_rows(labels, "gathering the evaluation's labels"))
         order = torch.argsort(positions)
-        logits, labels, split = logits[order], labels[order], val.shape[0]
+        logits, labels = logits[order], labels[order]
         return scored(run.task, {"val": (logits[:split], labels[:split]), "test": (logits[split:], labels[split:])},
                       check)
 
@@ -73,13 +78,45 @@ class PartEvaluation:
         """The labels of ``ids``, vertices this part owns."""
         return self.part.labels[self.part.local(ids)]
 
-    def share_logits(self, run, nodes: np.ndarray, positions: np.ndarray, progress=None) -> torch.Tensor:
-        """The logits of ``nodes[positions]``, this rank's share of the evaluated ``nodes`` (a collective)."""
+    def evaluated(self, config) -> tuple[int, np.ndarray, np.ndarray]:
+        """(how many validation vertices are evaluated, the positions of this rank's vertices among the evaluated
+        validation then test vertices, those vertices), read a block at a time: the whole graph's evaluated
+        vertices are not copied (``evaluated_nodes`` copies them)."""
+        positions, own, at, subsets = [], [], 0, self._subsets(config)
+        for ids in subsets:
+            for start in range(0, ids.shape[0], SCAN_BLOCK):
+                block = np.asarray(ids[start:start + SCAN_BLOCK], dtype=np.int64)
+                where = np.flatnonzero(np.asarray(self.owners[block]) == self.part.part)
+                positions.append(where + (at + start))
+                own.append(block[where])
+            at += ids.shape[0]
+        return subsets[0].shape[0], np.concatenate(positions), np.concatenate(own)
+
+    def evaluated_nodes(self, config) -> np.ndarray:
+        """The whole graph's evaluated vertices: validation then test."""
+        return np.concatenate([np.asarray(ids, dtype=np.int64) for ids in self._subsets(config)])
+
+    def _subsets(self, config) -> list[np.ndarray]:
+        """The validation and test vertices evaluated (``eval_subset``'s), as stored where all are."""
+        out = []
+        for offset, name in enumerate(("val_idx", "test_idx")):
+            ids = self.part.global_splits[name]
+            out.append(eval_subset(ids, config.eval_max_nodes, config.seed + offset)
+                       if 0 < config.eval_max_nodes < ids.shape[0] else ids)
+        return out
+
+    def share_rows(self, run, own: np.ndarray, positions: np.ndarray, progress=None) -> Iterator[torch.Tensor]:
+        """The logits of this rank's evaluated vertices ``own`` (at ``positions`` among all evaluated ones), chunk
+        by chunk in order (collectives: to be read to the end)."""
         config = run.config
         if config.eval_fanouts is None:
-            return self.logits(run.model, nodes[positions], run.device, config.eval_batch_size, progress)
-        return self.sampled(run.model, nodes, positions, config.eval_fanouts, run.device, config.eval_batch_size,
-                            config.seed, progress)
+            return self.last_rows(run.model, own, run.device, config.eval_batch_size, progress)
+        return self.sampled(run.model, self.evaluated_nodes(config), positions, config.eval_fanouts, run.device,
+                            config.eval_batch_size, config.seed, progress)
+
+    def out_width(self, model) -> int:
+        """The width of the rows ``share_rows`` gives."""
+        return model.width(model.num_layers - 1)
 
     def prepare(self, model) -> None:
         """Before an evaluation, a node or a link task's: the heap's free pages handed back (the epoch's batches,
@@ -88,42 +125,16 @@ class PartEvaluation:
         if self.world.distributed:
             self.world.broadcast_module(model, "the buffers' broadcast before evaluation", buffers_only=True)
 
-    def counted(self, task, logits: torch.Tensor, labels: torch.Tensor, in_val: torch.Tensor,
-                check: EvaluationCheck) -> dict[str, float]:
-        """The scores of this rank's ``logits`` of validation (``in_val``) and test vertices, and every other
-        rank's, from the counts all ranks add up: per split its (label, predicted class) counts, its rows, its
-        rows not finite, and whether its labelled rows all tie with the split's first (by position; each rank
-        offers its first labelled row, and the one of the lowest position is the reference)."""
-        splits = {"val": in_val, "test": ~in_val}
-        firsts = []
-        for index, mask in enumerate(splits.values()):
-            known = labels[mask] >= 0
-            position = torch.nonzero(mask).reshape(-1)[known][:1].double().unsqueeze(1)
-            first = logits[mask][known][:1].double()
-            firsts.append(torch.cat([torch.full_like(position, index), position, first], 1))
-        firsts = torch.cat(self.world.all_gather_rows(torch.cat(firsts), "gathering the evaluation's first rows"))
-        width = task.num_classes * task.num_classes
-        totals = torch.zeros(len(splits), width + 3, dtype=torch.int64)
-        for index, mask in enumerate(splits.values()):
-            rows, known = logits[mask], labels[mask] >= 0
-            offered = firsts[firsts[:, 0] == index]
-            reference = offered[offered[:, 1].argmin(), 2:].float() if offered.shape[0] else None
-            counts = confusion(rows.argmax(1).numpy(), labels[mask].numpy(), task.num_classes)
-            untied = reference is not None and not tied(rows[known], reference)
-            totals[index] = torch.tensor([*counts.reshape(-1), rows.shape[0], nonfinite_rows(rows), int(untied)])
-        totals = self.world.all_reduce_(totals, "adding up the evaluation's counts").numpy()
-        scores = {}
-        for index, name in enumerate(splits):
-            counts, (rows, bad, untied) = totals[index, :width].reshape(task.num_classes, -1), totals[index, width:]
-            check.nonfinite(int(bad), int(rows), SPLIT_NAMES.get(name, name), "logits", "vertices")
-            check.collapsed(counted_collapse(counts, untied == 0) if rows >= 2 else None)
-            scores[name] = counted_score(task.metric, counts)
-        return scores
-
-    @torch.no_grad()
     def logits(self, model, nodes: np.ndarray, device: torch.device, chunk_size: int, progress=None) -> torch.Tensor:
         """The last layer's rows of ``nodes`` (owned by this part), every layer below computed for every owned
-        vertex; float32 on the CPU."""
+        vertex; float32 on the CPU (a collective)."""
+        return joined(self.last_rows(model, nodes, device, chunk_size, progress), nodes.shape[0],
+                      model.width(model.num_layers - 1))
+
+    @torch.no_grad()
+    def last_rows(self, model, nodes: np.ndarray, device: torch.device, chunk_size: int,
+                  progress=None) -> Iterator[torch.Tensor]:
+        """``logits`` chunk by chunk (collectives: to be read to the end)."""
         model.eval()
         part, chunk_size = self.part, max(1, chunk_size)
         owned = np.asarray(part.ids)
@@ -136,26 +147,24 @@ class PartEvaluation:
                     progress(layer + 1, end, owned.shape[0])
             hidden = out.numpy()
         last = model.num_layers - 1
-        logits = torch.empty((nodes.shape[0], model.width(last)))  # filled chunk by chunk: no list to join
         for start, end in self._bounded(nodes, chunk_size, hidden):
-            logits[start:end] = self.layer_rows(model, last, nodes[start:end], hidden, device)
+            yield self.layer_rows(model, last, nodes[start:end], hidden, device)
             if progress is not None:
                 progress(last + 1, end, nodes.shape[0])
         self._done()  # nothing held between evaluations
-        return logits
 
     @torch.no_grad()
     def sampled(self, model, nodes: np.ndarray, positions: np.ndarray, fanouts: list[int], device: torch.device,
-                chunk_size: int, seed: int, progress=None) -> torch.Tensor:
+                chunk_size: int, seed: int, progress=None) -> Iterator[torch.Tensor]:
         """The last layer's rows of ``nodes[positions]`` (this part's vertices, ``positions`` ascending) over
         neighbourhoods sampled by ``fanouts``: chunk k of ``chunk_size`` of ``nodes`` keyed as the whole graph's
         sampled inference keys it (``evaluate.py``), each rank sampling its own vertices of it, so that every
-        vertex draws what it draws there. Every rank takes part in every chunk, also with none of its own."""
+        vertex draws what it draws there. Every rank takes part in every chunk, also with none of its own (chunk by
+        chunk; collectives: to be read to the end)."""
         model.eval()
         sampler = PartitionedSampler(self.part, self.fetcher.exchange, fanouts, self.degrees)  # for this pass
         mine = np.zeros(nodes.shape[0], dtype=bool)
         mine[positions] = True
-        outputs = [torch.zeros(0, model.width(model.num_layers - 1))]
         for index, start in enumerate(range(0, nodes.shape[0], max(1, chunk_size))):
             chunk = nodes[start:start + chunk_size][mine[start:start + chunk_size]]
             subgraph = sampler.sample(chunk, batch_key(seed, -1, index))
@@ -163,11 +172,10 @@ class PartEvaluation:
             rows, _ = self.fetcher.fetch(ids, into=self._rows(ids.shape[0], None))
             if chunk.shape[0]:
                 x = tensor_from_numpy(rows).float().to(device)
-                outputs.append(model([b.to(device) for b in subgraph.blocks], x).float().cpu())
+                yield model([b.to(device) for b in subgraph.blocks], x).float().cpu()
             if progress is not None:
                 progress(0, min(nodes.shape[0], start + chunk_size), nodes.shape[0])
         self._done()
-        return torch.cat(outputs)
 
     def _rows(self, count: int, table: np.ndarray | None) -> np.ndarray:
         """The buffer a chunk's fetched rows of ``table`` (None: the features) are written to: one, reused by
@@ -224,3 +232,78 @@ class PartEvaluation:
                       src_ids=torch.from_numpy(frontier))
         x_src = tensor_from_numpy(rows).float()
         return model.layer_forward(layer, block.to(device), x_src.to(device)).float().cpu()
+
+
+def joined(chunks: Iterable[torch.Tensor], count: int, width: int) -> torch.Tensor:
+    """The ``count`` rows of ``width`` that ``chunks`` give in order, written into one tensor as they come (no
+    list of chunks to join)."""
+    out, at = torch.empty((count, width)), 0
+    for rows in chunks:
+        out[at:at + rows.shape[0]] = rows
+        at += rows.shape[0]
+    return out
+
+
+class SplitCounts:
+    """What ranks add up to score a counted metric (``Task.counted``: accuracy, F1), taken from this rank's logits
+    chunk by chunk in order (``add``), none of them kept: per split, its counts by (label, predicted class), its
+    rows, its rows not finite, and whether its labelled rows all tie with the split's first. For that each rank
+    keeps its first labelled row and the least and most of every labelled row's scores: every row ties with a
+    reference (``tied``: each score within a tolerance of the reference's) just when those two do, and of the
+    rows the ranks offer, the one of the lowest position is the reference."""
+
+    def __init__(self, classes: int, width: int, positions: torch.Tensor, in_val: torch.Tensor,
+                 labels: torch.Tensor):
+        self.classes, self.width, self.at = classes, width, 0
+        self.positions, self.in_val, self.labels = positions, in_val, labels
+        self.counts = np.zeros((2, classes, classes), np.int64)
+        self.rows, self.bad = [0, 0], [0, 0]
+        self.first: list[torch.Tensor | None] = [None, None]  # (position, row) as float64
+        self.bounds: list[torch.Tensor | None] = [None, None]  # the least and the most scores (2, width)
+
+    def add(self, rows: torch.Tensor) -> None:
+        """Count the next ``rows`` of this rank's logits."""
+        end = self.at + rows.shape[0]
+        in_val, labels, positions = self.in_val[self.at:end], self.labels[self.at:end], self.positions[self.at:end]
+        for index, mask in enumerate((in_val, ~in_val)):
+            split_rows, split_labels = rows[mask], labels[mask]
+            self.counts[index] += confusion(split_rows.argmax(1).numpy(), split_labels.numpy(), self.classes)
+            self.rows[index] += split_rows.shape[0]
+            self.bad[index] += nonfinite_rows(split_rows)
+            known = split_labels >= 0
+            labelled = split_rows[known]
+            if labelled.shape[0] == 0:
+                continue
+            if self.first[index] is None:
+                position = positions[mask][known][:1].double()
+                self.first[index] = torch.cat([position, labelled[0].double()])
+            least, most = labelled.amin(0), labelled.amax(0)
+            held = self.bounds[index]
+            self.bounds[index] = torch.stack([least, most]) if held is None else torch.stack(
+                [torch.minimum(held[0], least), torch.maximum(held[1], most)])
+        self.at = end
+
+    def scores(self, world: World, metric: str, check: EvaluationCheck) -> dict[str, float]:
+        """Every split's score, from all ranks' counts (collectives), with the full-copy run's checks (non-finite
+        logits, a collapse)."""
+        firsts = [torch.cat([torch.tensor([float(index)], dtype=torch.float64), first]).unsqueeze(0)
+                  for index, first in enumerate(self.first) if first is not None]
+        mine = torch.cat(firsts) if firsts else torch.zeros(0, 2 + self.width, dtype=torch.float64)
+        offered = torch.cat(world.all_gather_rows(mine, "gathering the evaluation's first rows"))
+        square = self.classes * self.classes
+        totals = torch.zeros(2, square + 3, dtype=torch.int64)
+        for index in range(2):
+            split = offered[offered[:, 0] == index]
+            reference = split[split[:, 1].argmin(), 2:].float() if split.shape[0] else None
+            untied = (reference is not None and self.bounds[index] is not None
+                      and not tied(self.bounds[index], reference))
+            totals[index] = torch.tensor([*self.counts[index].reshape(-1), self.rows[index], self.bad[index],
+                                          int(untied)])
+        totals = world.all_reduce_(totals, "adding up the evaluation's counts").numpy()
+        out = {}
+        for index, name in enumerate(("val", "test")):
+            counts, (rows, bad, untied) = totals[index, :square].reshape(self.classes, -1), totals[index, square:]
+            check.nonfinite(int(bad), int(rows), SPLIT_NAMES.get(name, name), "logits", "vertices")
+            check.collapsed(counted_collapse(counts, untied == 0) if rows >= 2 else None)
+            out[name] = counted_score(metric, counts)
+        return out

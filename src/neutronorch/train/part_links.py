@@ -96,10 +96,13 @@ class PartLinkEvaluation(PartEvaluation):
         and a function fetching any named vertices' rows from their owners (a collective)."""
         part = self.part
         owned = nodes[np.asarray(part.part_of[nodes]) == part.part]
-        rows = self.logits(run.model.encoder, np.ascontiguousarray(owned), run.device, run.config.eval_batch_size,
-                           progress)
-        table = np.zeros((part.ids.shape[0], rows.shape[1]), np.float32)
-        table[part.local(owned)] = rows.numpy()
+        encoder = run.model.encoder
+        table = np.zeros((part.ids.shape[0], self.out_width(encoder)), np.float32)
+        local, at = part.local(owned), 0
+        for rows in self.last_rows(encoder, np.ascontiguousarray(owned), run.device, run.config.eval_batch_size,
+                                   progress):  # written into the table chunk by chunk
+            table[local[at:at + rows.shape[0]]] = rows.numpy()
+            at += rows.shape[0]
         return lambda ids: self.fetcher.fetch(ids, table=table)[0]
 
     def share_of(self, pairs) -> tuple[int, torch.Tensor, object]:

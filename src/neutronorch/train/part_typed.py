@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +41,7 @@ from neutronorch.train.health import Health
 from neutronorch.train.heterogeneous import TypedOptions, typed_model
 from neutronorch.train.part_checkpoint import attach_checkpoints
 from neutronorch.train.part_states import table_rows
-from neutronorch.train.part_eval import PartEvaluation
+from neutronorch.train.part_eval import PartEvaluation, joined
 from neutronorch.train.part_exchange import GlooExchange
 from neutronorch.train.part_mode import PartitionedMode
 from neutronorch.train.part_tables import PartTables, check_storage
@@ -145,21 +146,28 @@ class PartTypedEvaluation(PartEvaluation):
     def labels_of(self, ids: np.ndarray) -> np.ndarray:
         return self.part.labels[self.part.local(self.part.target, ids)]
 
-    def share_logits(self, run, nodes: np.ndarray, positions: np.ndarray, progress=None) -> torch.Tensor:
+    def share_rows(self, run, own: np.ndarray, positions: np.ndarray, progress=None) -> Iterator[torch.Tensor]:
         run.model.eval()
-        return sampled_rows(self, run.model, run.typed.eval_sampler, nodes[positions], run, self.tables,
-                            run.model.arguments["num_classes"], progress)
+        return sampled_chunks(self, run.model, run.typed.eval_sampler, own, run, self.tables, progress)
+
+    def out_width(self, model) -> int:
+        return model.arguments["num_classes"]
 
 
-@torch.no_grad()
 def sampled_rows(evaluation, module, sampler, ids: np.ndarray, run, tables: PartTables, width: int,
                  progress=None) -> torch.Tensor:
     """``module``'s rows of ``ids`` (vertices this rank owns), sampled by ``sampler`` in chunks of the
     evaluation's batch size with the one key of a full-copy typed evaluation (``inference_key``); every rank
     takes as many chunks (``evaluation._chunks``), each fetching its inputs' rows and table rows from their
     owners (collectives over ``evaluation.fetcher``'s exchange)."""
+    return joined(sampled_chunks(evaluation, module, sampler, ids, run, tables, progress), ids.shape[0], width)
+
+
+@torch.no_grad()
+def sampled_chunks(evaluation, module, sampler, ids: np.ndarray, run, tables: PartTables,
+                   progress=None) -> Iterator[torch.Tensor]:
+    """``sampled_rows`` chunk by chunk (collectives: to be read to the end)."""
     config, device, chunk_size = run.config, run.device, max(1, run.config.eval_batch_size)
-    outputs = [torch.zeros(0, width)]
     for start in evaluation._chunks(ids.shape[0], chunk_size):
         chunk = ids[start:start + chunk_size]
         subgraph = sampler.sample(chunk, inference_key(config.seed))
@@ -167,11 +175,10 @@ def sampled_rows(evaluation, module, sampler, ids: np.ndarray, run, tables: Part
         tables.fetch(subgraph.input_nodes, evaluation.fetcher.exchange, grad=False)
         if chunk.shape[0]:
             inputs = {t: v.to(device) for t, v in subgraph.input_nodes.items()}
-            outputs.append(module([b.to(device) for b in subgraph.blocks], features, inputs).float().cpu())
+            yield module([b.to(device) for b in subgraph.blocks], features, inputs).float().cpu()
         if progress is not None:
             progress(0, min(ids.shape[0], start + chunk_size), ids.shape[0])
     evaluation.fetcher.drop_buffers()
-    return torch.cat(outputs)
 
 
 class TypedPartMode(PartitionedMode):
