@@ -201,3 +201,28 @@ def test_blocks_freed_inside_go_back_to_the_system_and_are_kept_again_after():
         pytest.skip("not glibc: nothing is tuned")
     assert int(returned) >= 60  # its own mapping, unmapped when freed
     assert int(after) <= 4  # kept in the heap for reuse, as before
+
+
+def _mapped_rss_kb(path) -> int:
+    """This process's resident kB of the mappings of ``path`` (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        if "-" in line.split(" ", 1)[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps")
+def test_a_file_read_once_leaves_the_resident_memory_and_reads_the_same_after(tmp_path):
+    from neutronorch.data.files import open_npy, release_pages
+
+    path = tmp_path / "ids.npy"
+    np.save(path, np.arange(1 << 20, dtype=np.int64))  # 8 MiB
+    ids = open_npy(path, "ids")
+    assert int(ids.sum()) == (1 << 20) * ((1 << 20) - 1) // 2 and _mapped_rss_kb(path) >= 4096
+    release_pages(ids)
+    assert _mapped_rss_kb(path) < 1024
+    assert int(ids[12345]) == 12345 and int(ids.sum()) == (1 << 20) * ((1 << 20) - 1) // 2
+    release_pages(np.arange(3))  # an array in memory: nothing

@@ -6,6 +6,7 @@ a permission problem as one, never as a damaged file to fetch again; ``reads_fil
 from __future__ import annotations
 
 import functools
+import mmap
 import os
 from pathlib import Path
 from typing import Callable
@@ -52,6 +53,15 @@ def present(path: Path, what: str, fix: str = REFETCH) -> Path:
     if not path.is_file():
         raise DataError(f"{path}: {not_a_file(path, 'file is missing')}; it holds {what}. {fix}")
     return path
+
+
+def release_pages(array: np.ndarray) -> None:
+    """Let go of this process's resident pages of ``array``'s file mapping (``open_npy``'s), for a file read once
+    and not again soon: its pages stay in the page cache, and a later read maps them again. Nothing for an array
+    in memory, or where the system offers no such advice."""
+    mapped = getattr(array, "_mmap", None)
+    if mapped is not None and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED)
 
 
 def open_npy(path: Path, what: str, fix: str = REFETCH, mmap: bool = True) -> np.ndarray:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from neutronorch.bfloat16 import tensor_from_numpy
+from neutronorch.data.files import release_pages
 from neutronorch.orchestration.remote_rows import GrowingBuffer, RemoteRows, rows_bytes
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.frontier_map import FrontierMap
@@ -90,11 +91,20 @@ class PartEvaluation:
                 positions.append(where + (at + start))
                 own.append(block[where])
             at += ids.shape[0]
+        self._release_splits()
         return subsets[0].shape[0], np.concatenate(positions), np.concatenate(own)
 
     def evaluated_nodes(self, config) -> np.ndarray:
         """The whole graph's evaluated vertices: validation then test."""
-        return np.concatenate([np.asarray(ids, dtype=np.int64) for ids in self._subsets(config)])
+        nodes = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in self._subsets(config)])
+        self._release_splits()
+        return nodes
+
+    def _release_splits(self) -> None:
+        """The whole graph's validation and test vertices are read once an evaluation: their file's pages are
+        not kept in this rank's memory (8 bytes a vertex evaluated: 7 MB of the 1M-vertex graph's)."""
+        for name in ("val_idx", "test_idx"):
+            release_pages(self.part.global_splits[name])
 
     def _subsets(self, config) -> list[np.ndarray]:
         """The validation and test vertices evaluated (``eval_subset``'s), as stored where all are."""
