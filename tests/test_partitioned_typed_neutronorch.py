@@ -1,8 +1,9 @@
 """NeutronOrch mode on a typed graph's parts (`train --partitions DIR --mode neutronorch` of a typed partition):
 the owner of a hot vertex of any type computes its bottom-layer row for every rank holding it hot. One part in one
 process trains as the whole graph bit for bit (the owner computes the rows in the order the whole graph's run
-does); two ranks give the full-copy run's losses dealt by the same parts up to the order of float sums. A graph
-whose featureless types read embedding tables is refused, saying why."""
+does), its embedding tables split by owner or not; two ranks give the full-copy run's losses dealt by the same
+parts up to the order of float sums. ``hot_ratio`` auto with embedding tables is refused,
+saying why."""
 
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ def featured_graph():
     return graph
 
 
-@pytest.mark.parametrize("model", ["rgcn", "sage"])
-def test_one_part_in_one_process_trains_as_the_whole_graph_in_neutronorch_mode(tmp_path, model):
-    graph = featured_graph()
+@pytest.mark.parametrize("model, tables", [("rgcn", False), ("sage", False), ("rgcn", True)])
+def test_one_part_in_one_process_trains_as_the_whole_graph_in_neutronorch_mode(tmp_path, model, tables):
+    graph = typed_graph() if tables else featured_graph()  # its authors, institutions and fields: tables
     folder = _partition(graph, tmp_path / "p1", 1)
     settings = dict(SETTINGS, **HOT, model=model, epochs=2)
     whole = neutronorch.train(neutronorch.TrainConfig(log_jsonl=str(tmp_path / "a.jsonl"), **settings), graph=graph)
@@ -44,11 +45,12 @@ def test_one_part_in_one_process_trains_as_the_whole_graph_in_neutronorch_mode(t
     assert len(losses) == 6 and _step_losses(tmp_path / "b.jsonl") == losses  # bit for bit
     assert parted["test_acc"] == whole["test_acc"]
     assert parted["neutronorch"]["hot_set"] == "owner" and parted["hot"]["reuse_rate"] > 0.3
-    assert set(parted["exchange"]["training"]["lanes"]) == {"plan", "cold", "host", "gradient"}
+    lanes = {"plan", "cold", "host", "gradient"} | ({"tables"} if tables else set())
+    assert set(parted["exchange"]["training"]["lanes"]) == lanes
 
 
 def test_a_run_on_one_part_stopped_within_a_super_batch_resumes_as_it_was(tmp_path):
-    folder = _partition(featured_graph(), tmp_path / "p1", 1)
+    folder = _partition(typed_graph(), tmp_path / "p1", 1)  # a snapshot's table rows kept with the checkpoint
     run = lambda name, resume=False, **given: neutronorch.train(neutronorch.TrainConfig(  # noqa: E731
         **dict(SETTINGS, **HOT, epochs=2), partitions=str(folder), checkpoint_dir=str(tmp_path / name),
         log_jsonl=str(tmp_path / f"{name}.jsonl"), resume=resume), **given)
@@ -61,11 +63,11 @@ def test_a_run_on_one_part_stopped_within_a_super_batch_resumes_as_it_was(tmp_pa
     assert len(losses) == 6 and _step_losses(tmp_path / "ck.jsonl") == losses  # bit for bit
 
 
-def test_a_typed_graph_with_embedding_tables_or_a_link_task_is_refused_before_any_output(tmp_path):
+def test_auto_hot_ratio_with_embedding_tables_is_refused_before_any_output(tmp_path):
     folder = _partition(typed_graph(), tmp_path / "p1", 1)  # its authors, institutions and fields: no features
     with pytest.raises(ConfigError, match="author, institution, field have no features and read embedding tables"):
         neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), log_jsonl=str(tmp_path / "log.jsonl"),
-                                                  **dict(SETTINGS, **HOT, epochs=1)))
+                                                  **dict(SETTINGS, **dict(HOT, hot_ratio="auto"), epochs=1)))
     assert not (tmp_path / "log.jsonl").exists()
 
 
@@ -78,7 +80,7 @@ def _ranks(rank: int, directory: str) -> None:
         neutronorch.train(neutronorch.TrainConfig(
             **dict(SETTINGS, **HOT, batch_size=20, dropout=0.4), epochs=3, dist_timeout=60, **source,
             log_jsonl=str(d / f"{name}.jsonl"), summary_json=str(d / f"{name}.json")),
-            **({"graph": featured_graph()} if name == "full" else {}))
+            **({"graph": typed_graph()} if name == "full" else {}))
     torch.distributed.destroy_process_group()
 
 
@@ -86,7 +88,7 @@ def _ranks(rank: int, directory: str) -> None:
 def test_two_ranks_on_typed_parts_reproduce_the_full_copy_neutronorch_run(tmp_path, monkeypatch):
     for name, value in _env().items():  # before the children start: numba reads its thread count at import
         monkeypatch.setenv(name, value)
-    _partition(featured_graph(), tmp_path / "parts", 2, "metis")
+    _partition(typed_graph(), tmp_path / "parts", 2, "metis")  # featureless types: tables split by owner
     spawned(_ranks, (str(tmp_path),), 240)
     full, parts = (_step_losses(tmp_path / f"{name}.jsonl") for name in ("full", "parts"))
     assert len(full) == len(parts) >= 9
@@ -96,3 +98,4 @@ def test_two_ranks_on_typed_parts_reproduce_the_full_copy_neutronorch_run(tmp_pa
     assert b["neutronorch"]["hot_set"] == "owner" and b["hot_rows_exchanged"]["received"] > 0
     lanes = b["exchange"]["training"]["lanes"]
     assert lanes["host"]["received_bytes"] > 0 and lanes["gradient"]["received_bytes"] > 0
+    assert lanes["tables"]["received_bytes"] > 0

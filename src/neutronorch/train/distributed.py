@@ -281,7 +281,7 @@ class GradientSync:
     Gradients the mode hands over apart (``averaged()``: NeutronOrch's hot rows') are averaged with equal
     weights in the same buffer. A parameter with no gradient on any rank keeps none (as in one process).
     ``tables``: a typed model's sparse embedding tables, reduced first (``reduce_tables``), or their own
-    reduction, ``tables(weight)`` (a typed graph's parts': ``part_tables.PartTables.reduce``)."""
+    reduction, ``tables(weight, apart)`` (a typed graph's parts': ``part_tables.PartTables.reduce``)."""
 
     def __init__(self, world: World, params: list[torch.Tensor], request: threading.Event | None,
                  averaged=None, tables=()):
@@ -297,8 +297,8 @@ class GradientSync:
         mean loss."""
         handed = self.averaged() if self.averaged is not None else None
         extra = {id(p): g for p, g in (handed or {}).items()}
-        if callable(self.tables):
-            self.tables(float(weight))
+        if callable(self.tables):  # their own reduction, given what the mode handed over apart at this step
+            self.tables(float(weight), extra if handed is not None else None)
         elif self.tables:
             reduce_tables(self.world, self.tables, float(weight))
             if handed is not None:  # the same steps on every rank

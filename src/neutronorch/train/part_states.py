@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from neutronorch.errors import CheckpointError
@@ -92,4 +93,4 @@ def whole_tables(path: Path, state: dict, read: Callable[[Path], dict]) -> dict:
 
 def table_rows(part, tables) -> dict:
     """What a typed rank's checkpoint names its tables' rows by: their global ids (``whole_tables``)."""
-    return {t: torch.as_tensor(part.ids[t], dtype=torch.int64) for t in tables}
+    return {t: torch.from_numpy(np.array(part.ids[t], dtype=np.int64)) for t in tables}  # a copy: the ids are mapped

@@ -24,7 +24,7 @@ from torch import nn
 from neutronorch.errors import ConfigError
 from neutronorch.orchestration.remote_rows import RemoteRows
 from neutronorch.sampling.partitioned import by_owner
-from neutronorch.train.table_grads import combine_rows
+from neutronorch.train.table_grads import combine_rows, own_rows
 from neutronorch.train.typed_tables import drawn_chunks
 
 
@@ -82,16 +82,27 @@ class PartTables:
     def fetch(self, ids: dict[str, torch.Tensor], exchange=None, grad: bool = True) -> None:
         """Fetch every table's rows of ``ids`` (per type; a type absent: none) from their owners, for the next
         forward, as leaves with gradients (``grad``). A collective over ``exchange`` (default the tables')."""
-        exchange = exchange or self.exchange
         for t, table in self.tables.items():
             wanted = ids.get(t)
-            asked = np.zeros(0, np.int64) if wanted is None else wanted.cpu().numpy()
-            fetcher = self._fetchers.get((t, id(exchange)))
-            if fetcher is None:
-                fetcher = self._fetchers[(t, id(exchange))] = RemoteRows(self.part.view(t), exchange)
-            rows, _ = fetcher.fetch(asked, table=table.weight.detach().numpy())
-            rows = torch.from_numpy(rows).requires_grad_(grad)
+            rows = self._rows(t, wanted, exchange).requires_grad_(grad)
             table.fetched, table.looked_up = (wanted, rows) if wanted is not None else None, False
+
+    def rows_of(self, ids: dict[str, torch.Tensor], exchange=None) -> dict[str, torch.Tensor]:
+        """Every table's rows of ``ids`` (whole-graph ids per type) as they are now, from their owners, without
+        touching what the next forward reads (``fetch``): a NeutronOrch snapshot's. A collective over
+        ``exchange`` (default the tables'): every table on every rank, asked for rows or not."""
+        rows = {t: self._rows(t, ids.get(t), exchange) for t in self.tables}
+        return {t: rows[t] for t in ids if t in rows}
+
+    def _rows(self, t: str, wanted: torch.Tensor | None, exchange) -> torch.Tensor:
+        """Table ``t``'s rows of ``wanted`` (None: none) from their owners, a new float32 tensor (a collective)."""
+        exchange = exchange or self.exchange
+        asked = np.zeros(0, np.int64) if wanted is None else wanted.cpu().numpy()
+        fetcher = self._fetchers.get((t, id(exchange)))
+        if fetcher is None:
+            fetcher = self._fetchers[(t, id(exchange))] = RemoteRows(self.part.view(t), exchange)
+        rows, _ = fetcher.fetch(asked, table=self.tables[t].weight.detach().numpy())
+        return torch.from_numpy(rows)
 
     def own_gradients(self) -> None:
         """One process: each table's gradient is its looked-up rows' (``nn.Embedding``'s sparse gradient)."""
@@ -101,17 +112,32 @@ class PartTables:
                                                          check_invariants=False) if present else None)
             table.fetched = None
 
-    def reduce(self, weight: float) -> None:
+    def reduce(self, weight: float, apart: dict | None = None) -> None:
         """Several ranks (``GradientSync``'s table reduction, with this rank's loss weight): each owner's tables
-        get the weighted mean of every rank's gradient rows of its rows (a collective)."""
+        get the weighted mean of every rank's gradient rows of its rows (a collective). ``apart``: gradients the
+        mode handed over apart at this step on every rank (``GradientSync``'s, by ``id`` of their parameter):
+        NeutronOrch's hot rows' sparse table gradients, rows by whole-graph id; each owner adds every rank's
+        mean (equal weights), as a full-copy run's reduction adds them (``table_grads.reduce_tables``)."""
+        tables = list(self.tables.values())
+        grads = self._reduced([self._looked_up(table) for table in tables], weight)
+        if apart is not None:
+            handed = self._reduced([own_rows(apart.get(id(table.weight)), table.weight.shape[1]) for table in tables],
+                                   1.0)
+            grads = [b if a is None else a if b is None else (a + b).coalesce() for a, b in zip(grads, handed)]
+        for table, grad in zip(tables, grads):
+            table.weight.grad, table.fetched = grad, None
+
+    def _reduced(self, rows: list[tuple[torch.Tensor, torch.Tensor, bool]], weight: float) -> list:
+        """Per table, the weighted mean of every rank's (row ids, gradient rows, whether any) of the rows this
+        rank owns, each rank weighted by its ``weight`` (None where no rank has any)."""
         exchange, part = self.exchange, self.part
-        looked_up = [self._looked_up(table) for table in self.tables.values()]
-        mine = np.array([weight, *[float(present) for _, _, present in looked_up]], np.float64)
+        mine = np.array([weight, *[float(present) for _, _, present in rows]], np.float64)
         metas = exchange.all_to_all([mine] * exchange.size, [mine.shape[0]] * exchange.size)
         weights = [float(m[0]) for m in metas]
-        for k, (table, (ids, rows, _)) in enumerate(zip(self.tables.values(), looked_up)):
+        out = []
+        for k, (table, (ids, grad_rows, _)) in enumerate(zip(self.tables.values(), rows)):
             order, asks = by_owner(ids.numpy(), part.part_of[table.node_type], part.parts)
-            grouped = rows[torch.from_numpy(order)]
+            grouped = grad_rows[torch.from_numpy(order)]
             bounds = np.cumsum([0] + [a.shape[0] for a in asks])
             got_ids = exchange.all_to_all(asks)
             got_rows = exchange.all_to_all([grouped[bounds[r]:bounds[r + 1]].numpy() for r in range(part.parts)],
@@ -120,9 +146,9 @@ class PartTables:
             received = [(torch.from_numpy(part.local(table.node_type, g.reshape(-1))),
                          torch.from_numpy(np.ascontiguousarray(r).reshape(-1, table.weight.shape[1])))
                         for g, r in zip(got_ids, got_rows)]
-            table.weight.grad = (combine_rows(received, weights, tuple(table.weight.shape))
-                                 if present and sum(weights) > 0 else None)
-            table.fetched = None
+            out.append(combine_rows(received, weights, tuple(table.weight.shape))
+                       if present and sum(weights) > 0 else None)
+        return out
 
     @staticmethod
     def _looked_up(table: OwnedTable) -> tuple[torch.Tensor, torch.Tensor, bool]:

@@ -1,7 +1,9 @@
 """``train --partitions DIR --mode neutronorch`` of a typed graph's partition (docs/distributed.md, "NeutronOrch
 across the parts"; ``orchestration/neutronorch/parts_typed.py``): each rank plans and trains its share of every
 global batch as the full-copy typed run dealt by the same parts does, and the row of a hot vertex of any type is
-computed by its owner for every rank holding it hot. A graph with embedding tables is refused, saying why."""
+computed by its owner for every rank holding it hot. Featureless types' embedding tables are split by owner as in
+exact mode (``part_tables.py``): a snapshot's table rows come from their owners, and the hot rows' gradient of them
+goes back to the owners with the step's (``TablesMode``)."""
 
 from __future__ import annotations
 
@@ -28,12 +30,33 @@ def check_typed_request(config: TrainConfig, graph: dict) -> None:
         raise ConfigError(f"`mode` neutronorch on a typed graph's parts trains a node task so far {WHY}; train the "
                           f"link task in `mode` exact on the parts, or the typed graph whole (`dataset`).")
     featureless = [t for t in graph["num_nodes"] if not graph["feature_dims"].get(t)]
-    if featureless:
-        raise ConfigError(f"`mode` neutronorch on a typed graph's parts: {', '.join(featureless)} "
-                          f"{'has' if len(featureless) == 1 else 'have'} no features and read embedding tables, whose "
-                          f"rows each rank holds of its part; a hot row's table rows and their gradient crossing "
-                          f"between their owners is not built yet {WHY}. Train in `mode` exact on the parts, or the "
-                          f"typed graph whole (`dataset`) in neutronorch.")
+    if featureless and config.neutronorch.hot_ratio == "auto":
+        raise ConfigError(f"`hot_ratio` auto in `mode` neutronorch on a typed graph's parts: {', '.join(featureless)} "
+                          f"{'has' if len(featureless) == 1 else 'have'} no features and read embedding tables split "
+                          f"by owner, and the drift probe that sets the ratio would read their rows from the owners "
+                          f"at every super-batch boundary, which is not built {WHY}. Give a fixed `hot_ratio` (e.g. "
+                          f"0.2), or train the typed graph whole (`dataset`).")
+
+
+class TablesMode(PartNeutronOrchMode):
+    """``PartNeutronOrchMode`` of a typed part whose embedding tables are split by owner (``PartTables``), as exact
+    mode's ``part_typed.TypedPartMode``: before each step the cold batch's table rows are fetched from their
+    owners; in one process, after the backward, their gradient rows become the tables' before the hot rows' are
+    added (several ranks: ``GradientSync`` hands both to ``PartTables.reduce``)."""
+
+    def __init__(self, tables, world: World, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tables, self.alone = tables, not world.distributed
+
+    def step_inputs(self, batch):
+        inputs = super().step_inputs(batch)
+        self.tables.fetch(batch.ids)
+        return inputs
+
+    def before_step(self, batch) -> None:
+        if self.alone:
+            self.tables.own_gradients()
+        super().before_step(batch)
 
 
 def global_indptrs(part, world: World) -> dict:
@@ -64,8 +87,14 @@ def build_typed_mode(config: TrainConfig, part, graph, world: World, setup, acce
     if config.neutronorch.hot_ratio == "auto":  # the drift probe's rows, fetched now (trainer thread, every rank)
         kind.prepare_probe(part, config.seed, TypedRemoteRows(part, setup.evaluation).rows)
     shared = TypedOwnerHotSet(part, lanes["host"], gradients, agree)
-    traffic = TrafficRecord(world, {**lanes, "gradient": gradients}, setup.evaluation)
-    mode = PartNeutronOrchMode(kind, seeds, sampling, config.neutronorch, config.epochs, spans, threads.sampler,
-                               threads.host, None, shared=shared, traffic=traffic)
+    arguments = (kind, seeds, sampling, config.neutronorch, config.epochs, spans, threads.sampler, threads.host, None)
+    if setup.tables.tables:  # the snapshots' rows from their owners, over the tables' exchange (trainer's thread)
+        kind.tables = setup.tables
+        traffic = TrafficRecord(world, {**lanes, "gradient": gradients, "tables": setup.tables_exchange},
+                                setup.evaluation)
+        mode = TablesMode(setup.tables, world, *arguments, shared=shared, traffic=traffic)
+    else:
+        traffic = TrafficRecord(world, {**lanes, "gradient": gradients}, setup.evaluation)
+        mode = PartNeutronOrchMode(*arguments, shared=shared, traffic=traffic)
     stack.callback(mode.close)
     return mode

@@ -4,8 +4,10 @@ all its types are exchanged as one, each type numbered after the types before it
 them); the owner of a hot vertex computes its bottom-layer row for every rank holding it hot, from its own
 in-edges of every relation into its type, and the rows of the sources from their owners.
 
-A graph whose featureless types read embedding tables is refused (``train/part_neutronorch.py``): a snapshot's
-table rows and their gradients would cross between the owners of the tables' rows, which is not built.
+Featureless types read embedding tables split by owner (``train/part_tables.py``): a snapshot holds the table rows
+its hot rows read, fetched from their owners when it is taken (``TypedPartKind.table_rows``, the trainer's thread,
+every rank at the same step), and the hot rows' gradient of them goes to their owners with the step's
+(``PartTables.reduce``).
 """
 
 from __future__ import annotations
@@ -98,6 +100,13 @@ class TypedPartKind(PartLanes, TypedKind):
                  lanes: dict[str, Lane]):
         super().__init__(graph, access, fanouts, False, spans, lambda: samplers("own"))
         self.samplers, self.loader, self.source, self.indptrs, self.lanes = samplers, loader, source, indptrs, lanes
+        self.tables = None  # the part's embedding tables (``part_tables.PartTables``), where it has any
+
+    def table_rows(self, model: torch.nn.Module, super_batch_id: int) -> tuple[dict, dict]:
+        """The table rows super-batch ``super_batch_id``'s hot frontier reads, now, from their owners (a collective
+        of the trainer's thread, at the same step on every rank: a snapshot's), and their ids."""
+        ids = self.needs.take(super_batch_id)
+        return ({} if self.tables is None else self.tables.rows_of(ids)), ids
 
     def planner(self, sampler) -> Planner:
         return Planner(self.graph, {r: f[-1] for r, f in self.fanouts.items()}, self.indptrs)
