@@ -519,3 +519,12 @@ def test_embeddings_dead_to_one_row_for_most_vertices_are_a_collapse():
     assert dead["epochs"][0]["val_mrr"] == pytest.approx(1 / 51, abs=0.005)
     learning = train(config(lr=0.005, **settings), graph=bag)
     assert learning["warnings"] == [] and not any("collapsed" in e for e in learning["epochs"])
+
+
+def test_a_typed_block_of_no_vertices_has_no_edges_to_leave_out():
+    """A rank that computes no hot rows draws a bottom hop of no vertex types: nothing to leave out, no error."""
+    from neutronorch.sampling.block import TypedBlock
+    from neutronorch.sampling.exclude import exclude_from_typed_block
+
+    empty = TypedBlock(num_dst={}, num_src={}, blocks={})
+    assert exclude_from_typed_block(empty, torch.tensor([[0, 1], [2, 3]]), ends=None) is empty

@@ -27,6 +27,7 @@ from neutronorch.train.link_task import split_typed_relation, typed_link_graph
 from test_partitioned_training import _env, _step_losses, spawned
 
 SPLIT, RELATION, SEED = "edges:0.8,0.1", "writes", 5
+HOT = dict(mode="neutronorch", hot_ratio=0.5, snapshot_lead=1, super_batch=2, host_threads=1)
 SETTINGS = dict(task="link", link_relation=RELATION, model="rgcn", hidden=16, fanouts=[4, 3], batch_size=96,
                 threads=1, sampler_threads=1, device="cpu", eval_negatives=20, dropout=0.2, seed=SEED, log_every=1,
                 eval_batch_size=100)
@@ -76,6 +77,19 @@ def test_the_command_line_writes_the_graph_and_split_a_typed_link_run_makes(tmp_
     assert main(["partition", "synthetic:nodes=300", "--parts", "2", "--out", str(plain), "--link-relation",
                  RELATION]) == 2
     assert "names a typed graph's relation" in capsys.readouterr().err and not plain.exists()
+
+
+def test_one_part_in_one_process_trains_as_the_full_copy_in_neutronorch_mode(tmp_path):
+    folder = _partition(tmp_path / "p1", 1)
+    settings = dict(SETTINGS, **HOT, epochs=2)
+    whole = neutronorch.train(neutronorch.TrainConfig(split=SPLIT, log_jsonl=str(tmp_path / "a.jsonl"), **settings),
+                              graph=typed_graph())
+    parted = neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), log_jsonl=str(tmp_path / "b.jsonl"),
+                                                       **settings))
+    losses = _step_losses(tmp_path / "a.jsonl")
+    assert len(losses) > 4 and _step_losses(tmp_path / "b.jsonl") == losses  # bit for bit
+    _same_metrics(parted, whole)
+    assert parted["hot"]["reuse_rate"] > 0.3 and "tables" in parted["exchange"]["training"]["lanes"]
 
 
 def test_one_part_in_one_process_trains_scores_and_resumes_as_the_full_copy(tmp_path):
@@ -147,12 +161,14 @@ def _ranks(rank: int, directory: str) -> None:
     torch.distributed.init_process_group("gloo", init_method=f"file://{directory}/rendezvous", rank=rank,
                                          world_size=2)
     d = Path(directory)
-    for name in ("full", "parts"):
-        where = {"partitions": str(d / "parts")} if name == "parts" else {"deal_by": str(d / "parts"), "split": SPLIT}
+    for name in ("full", "parts", "full-hot", "parts-hot"):
+        where = ({"partitions": str(d / "parts")} if name.startswith("parts")
+                 else {"deal_by": str(d / "parts"), "split": SPLIT})
         neutronorch.train(neutronorch.TrainConfig(**SETTINGS, **where, epochs=2, eval_fanouts=[3, 3], dist_timeout=60,
                                                   log_jsonl=str(d / f"{name}.jsonl"),
-                                                  summary_json=str(d / f"{name}.json")),
-                          **({"graph": typed_graph()} if name == "full" else {}))
+                                                  summary_json=str(d / f"{name}.json"),
+                                                  **(HOT if name.endswith("hot") else {})),
+                          **({"graph": typed_graph()} if name.startswith("full") else {}))
     torch.distributed.destroy_process_group()
 
 
@@ -168,3 +184,8 @@ def test_two_ranks_on_typed_link_parts_reproduce_the_full_copy_run(tmp_path, mon
     _same_metrics(b, a)
     traffic = b["epochs"][0]["exchange"]
     assert len(traffic) == 2 and all(t["sent_bytes"] > 0 and t["received_bytes"] > 0 for t in traffic)
+    # NeutronOrch mode: the owner sums its holders' dL/dY of a hot row (float-sum order), the tables split by owner.
+    full, parts = (_step_losses(tmp_path / f"{name}.jsonl") for name in ("full-hot", "parts-hot"))
+    assert len(full) == len(parts) > 4 and parts == pytest.approx(full, rel=1e-5)
+    a, b = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("full-hot", "parts-hot"))
+    assert b["test_mrr"] == pytest.approx(a["test_mrr"], abs=0.01) and b["hot_rows_exchanged"]["received"] > 0

@@ -52,7 +52,7 @@ def exclude_from_block(block: Block, sources: torch.Tensor, pairs: torch.Tensor,
 
 def exclude_from_typed_block(tblock: TypedBlock, pairs: torch.Tensor, ends) -> TypedBlock:
     """``exclude_from_block`` of a typed block, ``pairs`` in ``ends``' stacked ids (``LinkEnds``)."""
-    if pairs.shape[1] == 0:
+    if pairs.shape[1] == 0 or not tblock.src_ids:  # no pairs, or a block of no vertices (a rank computing no hot rows)
         return tblock
     device = next(iter(tblock.src_ids.values())).device
     return _typed_without(tblock, pair_keys(pairs.to(device), ends.num_nodes), ends.num_nodes, ends)

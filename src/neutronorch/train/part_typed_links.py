@@ -94,7 +94,7 @@ class PartTypedLinkEvaluation(PartLinkEvaluation):
 
 def build_typed_link_run(config: TrainConfig, part: TypedPartition, device: torch.device, threads: Threads,
                          stack: contextlib.ExitStack, world: World, stop: threading.Event | None,
-                         data_seconds: float, options: TypedOptions | None = None) -> Run:
+                         data_seconds: float, options: TypedOptions | None = None, neutronorch=None) -> Run:
     """``part_typed.build_typed_part_run`` for a folder holding a link split: this rank's link model, optimizers
     and mode."""
     check_typed_request(config)
@@ -115,7 +115,9 @@ def build_typed_link_run(config: TrainConfig, part: TypedPartition, device: torc
     loader = TypedPartLinkLoader(access, TypedRemoteRows(part, setup.sampling), spans)
     seeds = LinkSeeds(links.train, ends.num_nodes, sampling, config.negatives, ends,
                       owner=stacked_owners(part, ends))  # each global batch's positives dealt by their source's owner
-    mode = typed_mode(setup, part, world, seeds, loader, sampling, spans, threads, stack)
+    mode = typed_mode(setup, part, world, seeds, loader, sampling, spans, threads, stack) if neutronorch is None \
+        else neutronorch(config, part, graph, world, setup, access, seeds, sampling, spans, threads, stack,
+                         TypedPartLinkLoader)
     evaluation = PartTypedLinkEvaluation(part, setup.evaluation, world, ends, setup.tables)
     return typed_run(config, part, graph, device, threads, stack, world, stop, setup, mode, task, data_seconds, None,
                      evaluation, f"; {links.describe()} of {'/'.join(ends.relation)}")

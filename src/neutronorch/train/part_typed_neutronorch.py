@@ -26,9 +26,6 @@ from neutronorch.train.part_typed import TypedPartLoader, TypedRemoteRows
 def check_typed_request(config: TrainConfig, graph: dict) -> None:
     """What NeutronOrch mode on a typed graph's parts refuses beyond ``part_neutronorch.check_request`` (run before)
     (``graph``: the partition manifest's), before any output is made."""
-    if config.task == "link":
-        raise ConfigError(f"`mode` neutronorch on a typed graph's parts trains a node task so far {WHY}; train the "
-                          f"link task in `mode` exact on the parts, or the typed graph whole (`dataset`).")
     featureless = [t for t in graph["num_nodes"] if not graph["feature_dims"].get(t)]
     if featureless and config.neutronorch.hot_ratio == "auto":
         raise ConfigError(f"`hot_ratio` auto in `mode` neutronorch on a typed graph's parts: {', '.join(featureless)} "
@@ -69,7 +66,7 @@ def global_indptrs(part, world: World) -> dict:
 
 
 def build_typed_mode(config: TrainConfig, part, graph, world: World, setup, access, seeds, sampling, spans, threads,
-                     stack: contextlib.ExitStack) -> PartNeutronOrchMode:
+                     stack: contextlib.ExitStack, loader=TypedPartLoader) -> PartNeutronOrchMode:
     """The NeutronOrch mode of rank ``world.rank`` on a typed ``part`` (``setup``: ``part_typed.typed_setup``'s):
     the cold sampler samples over the setup's sampling exchange; the planner and the host get exchanges of their
     own, closed by ``stack`` after the mode."""
@@ -82,7 +79,7 @@ def build_typed_mode(config: TrainConfig, part, graph, world: World, setup, acce
         return ({t: rows.to(device) for t, rows in hot_rows.rows(frontier).items()},
                 {t: ids.to(device) for t, ids in frontier.items()})
 
-    kind = TypedPartKind(graph, access, fanouts, spans, samplers, TypedPartLoader(
+    kind = TypedPartKind(graph, access, fanouts, spans, samplers, loader(
         access, TypedRemoteRows(part, lanes["cold"]), spans), source, global_indptrs(part, world), lanes)
     if config.neutronorch.hot_ratio == "auto":  # the drift probe's rows, fetched now (trainer thread, every rank)
         kind.prepare_probe(part, config.seed, TypedRemoteRows(part, setup.evaluation).rows)

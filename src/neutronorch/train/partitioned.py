@@ -155,7 +155,8 @@ def build_partitioned_run(config: TrainConfig, device: torch.device, threads: Th
     data_seconds = time.perf_counter() - t0
     if isinstance(part, TypedPartition):  # a link split's folder: part_typed_links.py's
         if part.links is not None:
-            return build_typed_link_run(config, part, device, threads, stack, world, stop, data_seconds, options)
+            return build_typed_link_run(config, part, device, threads, stack, world, stop, data_seconds, options,
+                                        TYPED_MODES.get(config.mode))
         return build_typed_part_run(config, part, device, threads, stack, world, stop, data_seconds, options,
                                     TYPED_MODES.get(config.mode))
     graph = PartGraph.of(part)
