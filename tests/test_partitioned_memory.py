@@ -226,3 +226,30 @@ def test_a_file_read_once_leaves_the_resident_memory_and_reads_the_same_after(tm
     assert _mapped_rss_kb(path) < 1024
     assert int(ids[12345]) == 12345 and int(ids.sum()) == (1 << 20) * ((1 << 20) - 1) // 2
     release_pages(np.arange(3))  # an array in memory: nothing
+
+
+def test_threads_opening_arrays_at_once_parse_one_header_at_a_time(tmp_path, monkeypatch):
+    """numpy parses a .npy header with ``ast.literal_eval``, which CPython 3.11 may fail with a spurious
+    SystemError when threads parse at once (ranks held by threads open their parts together)."""
+    import threading
+    import time
+
+    from neutronorch.data import files
+
+    np.save(tmp_path / "a.npy", np.arange(10))
+    load, active, most = np.load, [0], [0]
+
+    def slow_load(*args, **kwargs):
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        time.sleep(0.02)
+        active[0] -= 1
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(files.np, "load", slow_load)
+    threads = [threading.Thread(target=files.open_npy, args=(tmp_path / "a.npy", "ids")) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert most[0] == 1

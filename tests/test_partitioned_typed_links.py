@@ -81,7 +81,7 @@ def test_the_command_line_writes_the_graph_and_split_a_typed_link_run_makes(tmp_
 
 def test_one_part_in_one_process_trains_as_the_full_copy_in_neutronorch_mode(tmp_path):
     folder = _partition(tmp_path / "p1", 1)
-    settings = dict(SETTINGS, **HOT, epochs=2)
+    settings = dict(SETTINGS, **HOT, epochs=1)
     whole = neutronorch.train(neutronorch.TrainConfig(split=SPLIT, log_jsonl=str(tmp_path / "a.jsonl"), **settings),
                               graph=typed_graph())
     parted = neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), log_jsonl=str(tmp_path / "b.jsonl"),
@@ -164,10 +164,10 @@ def _ranks(rank: int, directory: str) -> None:
     for name in ("full", "parts", "full-hot", "parts-hot"):
         where = ({"partitions": str(d / "parts")} if name.startswith("parts")
                  else {"deal_by": str(d / "parts"), "split": SPLIT})
-        neutronorch.train(neutronorch.TrainConfig(**SETTINGS, **where, epochs=2, eval_fanouts=[3, 3], dist_timeout=60,
-                                                  log_jsonl=str(d / f"{name}.jsonl"),
-                                                  summary_json=str(d / f"{name}.json"),
-                                                  **(HOT if name.endswith("hot") else {})),
+        hot = name.endswith("hot")
+        neutronorch.train(neutronorch.TrainConfig(**SETTINGS, **where, epochs=1 if hot else 2, eval_fanouts=[3, 3],
+                                                  dist_timeout=60, log_jsonl=str(d / f"{name}.jsonl"),
+                                                  summary_json=str(d / f"{name}.json"), **(HOT if hot else {})),
                           **({"graph": typed_graph()} if name.startswith("full") else {}))
     torch.distributed.destroy_process_group()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import mmap
 import os
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -55,6 +56,12 @@ def present(path: Path, what: str, fix: str = REFETCH) -> Path:
     return path
 
 
+# numpy reads a .npy header with ``ast.literal_eval``, which CPython 3.11 can fail with a spurious SystemError ("AST
+# constructor recursion depth mismatch", python/cpython#106905) when threads parse at once (the ranks of a
+# partitioned run held by threads of one process open their parts together): one thread opens a file at a time.
+_HEADER_LOCK = threading.Lock()
+
+
 def release_pages(array: np.ndarray) -> None:
     """Let go of this process's resident pages of ``array``'s file mapping (``open_npy``'s), for a file read once
     and not again soon: its pages stay in the page cache, and a later read maps them again. Nothing for an array
@@ -69,7 +76,8 @@ def open_npy(path: Path, what: str, fix: str = REFETCH, mmap: bool = True) -> np
     plain numbers only: a pickle is refused, never loaded. ``fix`` ends every error."""
     present(path, what, fix)
     try:
-        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        with _HEADER_LOCK:
+            return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except OSError as exc:
         raise read_error(path, exc, f"{path}: cannot be opened ({exc}). {fix}") from None
     except Exception as exc:  # noqa: BLE001 - a damaged header fails in many ways (EOF, tokenizer, syntax)
