@@ -2,8 +2,8 @@
 the owner of a hot vertex of any type computes its bottom-layer row for every rank holding it hot. One part in one
 process trains as the whole graph bit for bit (the owner computes the rows in the order the whole graph's run
 does), its embedding tables split by owner or not; two ranks give the full-copy run's losses dealt by the same
-parts up to the order of float sums. ``hot_ratio`` auto with embedding tables is refused,
-saying why."""
+parts up to the order of float sums. With ``hot_ratio`` auto every rank measures the drift at every boundary, its
+table rows fetched from their owners."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from test_partitioned_training import _env, _step_losses, spawned
 from test_partitioned_typed import SETTINGS, _partition, typed_graph
 
 HOT = dict(mode="neutronorch", hot_ratio=0.5, snapshot_lead=1, super_batch=2, host_threads=1)
+AUTO = dict(HOT, hot_ratio="auto")
 
 
 def featured_graph():
@@ -63,22 +64,24 @@ def test_a_run_on_one_part_stopped_within_a_super_batch_resumes_as_it_was(tmp_pa
     assert len(losses) == 6 and _step_losses(tmp_path / "ck.jsonl") == losses  # bit for bit
 
 
-def test_auto_hot_ratio_with_embedding_tables_is_refused_before_any_output(tmp_path):
-    folder = _partition(typed_graph(), tmp_path / "p1", 1)  # its authors, institutions and fields: no features
-    with pytest.raises(ConfigError, match="author, institution, field have no features and read embedding tables"):
-        neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), log_jsonl=str(tmp_path / "log.jsonl"),
-                                                  **dict(SETTINGS, **dict(HOT, hot_ratio="auto"), epochs=1)))
-    assert not (tmp_path / "log.jsonl").exists()
+def test_auto_hot_ratio_with_embedding_tables_measures_the_drift_at_every_boundary(tmp_path):
+    """The drift probe reads its table rows from their owners each time it measures (a collective): every rank
+    measures from the first boundary on."""
+    folder = _partition(typed_graph(), tmp_path / "p1", 1)  # its authors, institutions and fields: tables
+    out = neutronorch.train(neutronorch.TrainConfig(partitions=str(folder), **dict(SETTINGS, **AUTO, epochs=2)))
+    assert all(epoch["drift_per_step"] > 0 and epoch["stale_error"] > 0 for epoch in out["epochs"])
+    assert out["neutronorch"]["hot_ratio_setting"] == "auto"
 
 
 def _ranks(rank: int, directory: str) -> None:
     torch.distributed.init_process_group("gloo", init_method=f"file://{directory}/rendezvous", rank=rank,
                                          world_size=2)
     d = Path(directory)
-    for name in ("full", "parts"):
-        source = {"partitions": str(d / "parts")} if name == "parts" else {"deal_by": str(d / "parts")}
+    for name in ("full", "parts", "auto"):
+        source = {"deal_by": str(d / "parts")} if name == "full" else {"partitions": str(d / "parts")}
         neutronorch.train(neutronorch.TrainConfig(
-            **dict(SETTINGS, **HOT, batch_size=20, dropout=0.4), epochs=3, dist_timeout=60, **source,
+            **dict(SETTINGS, **(AUTO if name == "auto" else HOT), batch_size=20, dropout=0.4),
+            epochs=2 if name == "auto" else 3, dist_timeout=60, **source,
             log_jsonl=str(d / f"{name}.jsonl"), summary_json=str(d / f"{name}.json")),
             **({"graph": typed_graph()} if name == "full" else {}))
     torch.distributed.destroy_process_group()
@@ -99,3 +102,5 @@ def test_two_ranks_on_typed_parts_reproduce_the_full_copy_neutronorch_run(tmp_pa
     lanes = b["exchange"]["training"]["lanes"]
     assert lanes["host"]["received_bytes"] > 0 and lanes["gradient"]["received_bytes"] > 0
     assert lanes["tables"]["received_bytes"] > 0
+    auto = json.loads((tmp_path / "auto.json").read_text())  # every rank measured at every boundary: no hang
+    assert all(epoch["drift_per_step"] > 0 for epoch in auto["epochs"])

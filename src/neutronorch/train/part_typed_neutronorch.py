@@ -13,26 +13,13 @@ from types import SimpleNamespace
 import torch
 
 from neutronorch.config import TrainConfig
-from neutronorch.errors import ConfigError
 from neutronorch.orchestration.neutronorch.parts_typed import TypedOwnerHotSet, TypedPartKind
 from neutronorch.sampling.partitioned import global_in_degree_ptr
 from neutronorch.sampling.partitioned_typed import PartitionedTypedSampler
 from neutronorch.train.distributed import World
 from neutronorch.train.part_exchange import TrafficRecord
-from neutronorch.train.part_neutronorch import WHY, PartNeutronOrchMode, exchanges
+from neutronorch.train.part_neutronorch import PartNeutronOrchMode, exchanges
 from neutronorch.train.part_typed import TypedPartLoader, TypedRemoteRows
-
-
-def check_typed_request(config: TrainConfig, graph: dict) -> None:
-    """What NeutronOrch mode on a typed graph's parts refuses beyond ``part_neutronorch.check_request`` (run before)
-    (``graph``: the partition manifest's), before any output is made."""
-    featureless = [t for t in graph["num_nodes"] if not graph["feature_dims"].get(t)]
-    if featureless and config.neutronorch.hot_ratio == "auto":
-        raise ConfigError(f"`hot_ratio` auto in `mode` neutronorch on a typed graph's parts: {', '.join(featureless)} "
-                          f"{'has' if len(featureless) == 1 else 'have'} no features and read embedding tables split "
-                          f"by owner, and the drift probe that sets the ratio would read their rows from the owners "
-                          f"at every super-batch boundary, which is not built {WHY}. Give a fixed `hot_ratio` (e.g. "
-                          f"0.2), or train the typed graph whole (`dataset`).")
 
 
 class TablesMode(PartNeutronOrchMode):
@@ -90,6 +77,8 @@ def build_typed_mode(config: TrainConfig, part, graph, world: World, setup, acce
         traffic = TrafficRecord(world, {**lanes, "gradient": gradients, "tables": setup.tables_exchange},
                                 setup.evaluation)
         mode = TablesMode(setup.tables, world, *arguments, shared=shared, traffic=traffic)
+        if config.neutronorch.hot_ratio == "auto":  # the probe's table rows fetched at every boundary, every rank
+            mode.controller.saw_plan(kind.probe_ids)
     else:
         traffic = TrafficRecord(world, {**lanes, "gradient": gradients}, setup.evaluation)
         mode = PartNeutronOrchMode(*arguments, shared=shared, traffic=traffic)

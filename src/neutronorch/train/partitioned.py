@@ -50,7 +50,6 @@ from neutronorch.train.part_mode import PartitionedMode
 from neutronorch.train.part_links import PartLinkEvaluation, check_task, link_model
 from neutronorch.train.part_typed import build_typed_part_run, check_typed_request
 from neutronorch.train.part_typed_neutronorch import build_typed_mode as build_typed_neutronorch
-from neutronorch.train.part_typed_neutronorch import check_typed_request as check_typed_neutronorch
 from neutronorch.train.part_typed_links import build_typed_link_run
 from neutronorch.train.part_neutronorch import build_mode as build_neutronorch, check_request as check_neutronorch
 from neutronorch.train.run import Run
@@ -90,8 +89,6 @@ def check_request(config: TrainConfig, graph, model, options, device: torch.devi
     if config.mode not in PARTITIONED_MODES:
         raise refuse(f"`mode` {config.mode}", "Give `mode` exact (or leave it out) or neutronorch.")
     CHECKS.get(config.mode, lambda _: None)(config)
-    if typed_partition(config.partitions) and config.mode in TYPED_CHECKS:  # with the manifest's graph
-        TYPED_CHECKS[config.mode](config, read_manifest(config.partitions)["graph"])
     if device.type != "cpu":
         raise refuse(f"device {device}", "Give `device` cpu: the ranks exchange over gloo.")
     given = config.settings_given(["split", "times", "link_direction"])
@@ -243,7 +240,6 @@ def exact_mode(config: TrainConfig, part, graph: PartGraph, world: World, access
 MODES = {"exact": exact_mode, "neutronorch": build_neutronorch}  # what `partitions` trains in, by name
 CHECKS = {"neutronorch": check_neutronorch}  # ... and what each refuses before any output is made
 TYPED_MODES = {"neutronorch": build_typed_neutronorch}  # a typed graph's parts beyond exact mode (part_typed.py's)
-TYPED_CHECKS = {"neutronorch": check_typed_neutronorch}
 
 
 def on_every_rank(world: World, make, what: str):

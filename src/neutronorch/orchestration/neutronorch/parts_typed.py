@@ -125,9 +125,22 @@ class TypedPartKind(PartLanes, TypedKind):
         self.probe = block, rows(frontier), frontier
 
     def probe_inputs(self, ids, sampling, model):
-        """The drift probe's block and inputs (``prepare_probe``'s, whatever ``ids``)."""
+        """The drift probe's block and inputs (``prepare_probe``'s, whatever ``ids``). Where the part has embedding
+        tables, the probe's table rows are fetched from their owners each time it measures (a collective of the
+        trainer's thread: every rank measures at every super-batch boundary, ``probe_ids``)."""
         block, features, frontier = self.probe
         block, device = block.to(self.device), self.device
         features = {t: f.to(device) for t, f in features.items()}
         frontier = {t: v.to(device) for t, v in frontier.items()}
-        return lambda: (block, model().input_rows(features, frontier))
+
+        def inputs():
+            if self.tables is not None:  # as they are now: the tables move with the weights
+                self.tables.fetch({t: v for t, v in frontier.items() if t in self.tables.tables}, grad=False)
+            return block, model().input_rows(features, frontier)
+        return inputs
+
+    @property
+    def probe_ids(self) -> dict[str, np.ndarray]:
+        """The probe's vertices (``prepare_probe``'s), given to the controller at the start on every rank, so that
+        every rank measures the drift at every boundary from the first (``probe_inputs``' fetch is a collective)."""
+        return {self.graph.target: self.probe[2][self.graph.target].numpy()}
