@@ -317,8 +317,9 @@ def _check_samplers_draw_the_same(device, kind="torch"):
     fanouts = [10, 5, 25]
     host = make_sampler("numba", indptr, indices, fanouts)
     vec = make_sampler(kind, indptr, indices, fanouts, device)
-    # Fewer batches through Triton's interpreter (slow); all of them on a device.
-    for batch in range(12 if kind == "torch" or device != "cpu" else 4):
+    # Fewer batches and hop rows through Triton's interpreter (slow); all of them on a device.
+    interpreted = kind != "torch" and device == "cpu"
+    for batch in range(2 if interpreted else 12):
         seeds = rng.choice(n, 64, replace=False)
         key = batch_key(5, 2, batch)
         a, b = sample(host, seeds, key), sample(vec, torch.from_numpy(seeds).to(device), key)
@@ -327,7 +328,7 @@ def _check_samplers_draw_the_same(device, kind="torch"):
         for ba, bb in zip(a.blocks, b.blocks):
             assert np.array_equal(np.asarray(ba.indptr), bb.indptr.cpu().numpy())
             assert np.array_equal(np.asarray(ba.indices), bb.indices.cpu().numpy())
-    every = np.random.default_rng(3).permutation(n)
+    every = np.random.default_rng(3).permutation(n)[:500 if interpreted else n]  # degrees 0 to 400 either way
     for fanout in (1, 7, 100):
         key = layer_key(batch_key(9, 0, fanout), 0)
         ha, fa = host.sample_hop(every, fanout, key)
