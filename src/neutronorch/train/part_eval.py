@@ -8,8 +8,9 @@ features for the first layer, then the rows each owner computed, fetched from it
 computes as many chunks as the rank with the most, so that every fetch is a collective of all ranks. The last
 layer is computed for the owned validation and test vertices only. Where the metric is a function of the class
 counts (accuracy, F1: ``Task.counted``), each rank counts its own vertices by (label, predicted class) chunk by
-chunk, holding no logits, and the counts are summed (``SplitCounts``); otherwise the logits, their positions and labels are gathered and every rank scores all of
-them, as in a full-copy run. Either gives the full-copy run's checks (non-finite logits, a collapse)."""
+chunk, holding no logits, and the counts are summed (``SplitCounts``); otherwise the logits, their positions and
+labels are gathered and every rank scores all of them, as in a full-copy run. Either gives the full-copy run's
+checks (non-finite logits, a collapse)."""
 
 from __future__ import annotations
 
