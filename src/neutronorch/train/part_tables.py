@@ -160,6 +160,26 @@ class PartTables:
         return table.fetched[0].to(torch.int64).cpu(), rows.detach().float().contiguous(), True
 
 
+class TableSteps:
+    """A mode's steps on a part whose embedding tables are split by owner (mixed in before the mode; ``tables``,
+    ``alone`` set by it): once the step's inputs are ready, their table rows are fetched from their owners; in one
+    process, after the backward, their gradient rows become the tables' before the mode adds its own (several
+    ranks: ``GradientSync`` reduces them, ``PartTables.reduce``). Exact mode's and NeutronOrch mode's."""
+
+    tables: PartTables
+    alone: bool
+
+    def step_inputs(self, batch):
+        inputs = super().step_inputs(batch)  # NeutronOrch mode's waits for the batch and its hot rows first
+        self.tables.fetch(batch.ids)
+        return inputs
+
+    def before_step(self, batch) -> None:
+        if self.alone:
+            self.tables.own_gradients()
+        super().before_step(batch)
+
+
 def check_storage(config) -> None:
     """Tables split by owner live in memory: ``embedding_storage`` mmap is refused on parts, with the reason."""
     if config.embedding_storage == "mmap":

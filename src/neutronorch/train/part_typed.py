@@ -28,7 +28,6 @@ from neutronorch.errors import ConfigError
 from neutronorch.observe import Spans, Utilisation
 from neutronorch.orchestration.access import FeatureAccess
 from neutronorch.orchestration.batch import MiniBatch
-from neutronorch.orchestration.mode import StepInputs
 from neutronorch.orchestration.factory import Threads
 from neutronorch.orchestration.remote_rows import PartitionedLoader, RemoteRows
 from neutronorch.orchestration.seeds import NodeSeeds
@@ -44,7 +43,7 @@ from neutronorch.train.part_states import table_rows
 from neutronorch.train.part_eval import PartEvaluation, joined
 from neutronorch.train.part_exchange import GlooExchange
 from neutronorch.train.part_mode import PartitionedMode
-from neutronorch.train.part_tables import PartTables, check_storage
+from neutronorch.train.part_tables import PartTables, TableSteps, check_storage
 from neutronorch.train.run import Built, Run
 from neutronorch.train.step import TRAINER_STAGES
 from neutronorch.train.summary import MetricLog
@@ -181,22 +180,12 @@ def sampled_chunks(evaluation, module, sampler, ids: np.ndarray, run, tables: Pa
     evaluation.fetcher.drop_buffers()
 
 
-class TypedPartMode(PartitionedMode):
-    """``PartitionedMode`` of a typed graph's part whose embedding tables are split by owner: before each step
-    the batch's table rows are fetched from their owners; in one process, after the backward, their gradient
-    rows become the tables' (several ranks: ``GradientSync`` reduces them, ``PartTables.reduce``)."""
+class TypedPartMode(TableSteps, PartitionedMode):
+    """``PartitionedMode`` of a typed graph's part whose embedding tables are split by owner (``TableSteps``)."""
 
     def __init__(self, tables: PartTables, world: World, *args):
         super().__init__(world, *args)
         self.tables, self.alone = tables, not world.distributed
-
-    def step_inputs(self, batch: MiniBatch) -> StepInputs:
-        self.tables.fetch(batch.ids)
-        return super().step_inputs(batch)
-
-    def before_step(self, batch: MiniBatch) -> None:
-        if self.alone:
-            self.tables.own_gradients()
 
 
 def check_typed_request(config: TrainConfig) -> None:

@@ -19,28 +19,17 @@ from neutronorch.sampling.partitioned_typed import PartitionedTypedSampler
 from neutronorch.train.distributed import World
 from neutronorch.train.part_exchange import TrafficRecord
 from neutronorch.train.part_neutronorch import PartNeutronOrchMode, exchanges
+from neutronorch.train.part_tables import TableSteps
 from neutronorch.train.part_typed import TypedPartLoader, TypedRemoteRows
 
 
-class TablesMode(PartNeutronOrchMode):
-    """``PartNeutronOrchMode`` of a typed part whose embedding tables are split by owner (``PartTables``), as exact
-    mode's ``part_typed.TypedPartMode``: before each step the cold batch's table rows are fetched from their
-    owners; in one process, after the backward, their gradient rows become the tables' before the hot rows' are
-    added (several ranks: ``GradientSync`` hands both to ``PartTables.reduce``)."""
+class TablesMode(TableSteps, PartNeutronOrchMode):
+    """``PartNeutronOrchMode`` of a typed part whose embedding tables are split by owner (``TableSteps``: the hot
+    rows' table gradient is added after the looked-up rows', or handed to ``PartTables.reduce`` with them)."""
 
     def __init__(self, tables, world: World, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.tables, self.alone = tables, not world.distributed
-
-    def step_inputs(self, batch):
-        inputs = super().step_inputs(batch)
-        self.tables.fetch(batch.ids)
-        return inputs
-
-    def before_step(self, batch) -> None:
-        if self.alone:
-            self.tables.own_gradients()
-        super().before_step(batch)
 
 
 def global_indptrs(part, world: World) -> dict:
@@ -72,15 +61,14 @@ def build_typed_mode(config: TrainConfig, part, graph, world: World, setup, acce
         kind.prepare_probe(part, config.seed, TypedRemoteRows(part, setup.evaluation).rows)
     shared = TypedOwnerHotSet(part, lanes["host"], gradients, agree)
     arguments = (kind, seeds, sampling, config.neutronorch, config.epochs, spans, threads.sampler, threads.host, None)
-    if setup.tables.tables:  # the snapshots' rows from their owners, over the tables' exchange (trainer's thread)
-        kind.tables = setup.tables
-        traffic = TrafficRecord(world, {**lanes, "gradient": gradients, "tables": setup.tables_exchange},
-                                setup.evaluation)
-        mode = TablesMode(setup.tables, world, *arguments, shared=shared, traffic=traffic)
+    traffic = {**lanes, "gradient": gradients}
+    if not setup.tables.tables:
+        mode = PartNeutronOrchMode(*arguments, shared=shared, traffic=TrafficRecord(world, traffic, setup.evaluation))
+    else:  # the snapshots' rows from their owners, over the tables' exchange (trainer's thread)
+        kind.tables, traffic["tables"] = setup.tables, setup.tables_exchange
+        mode = TablesMode(setup.tables, world, *arguments, shared=shared,
+                          traffic=TrafficRecord(world, traffic, setup.evaluation))
         if config.neutronorch.hot_ratio == "auto":  # the probe's table rows fetched at every boundary, every rank
             mode.controller.saw_plan(kind.probe_ids)
-    else:
-        traffic = TrafficRecord(world, {**lanes, "gradient": gradients}, setup.evaluation)
-        mode = PartNeutronOrchMode(*arguments, shared=shared, traffic=traffic)
     stack.callback(mode.close)
     return mode
