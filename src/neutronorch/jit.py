@@ -1,13 +1,17 @@
 """Says, once per process, that numba is compiling neutronorch's kernels (the first run on a machine spends
 tens of seconds on it; later runs read them from numba's disk cache). numba fires ``numba:compile`` only
 when it compiles, never for a cached kernel, so the listener speaks exactly when the cache is cold.
-Importing this module registers it; it imports nothing of ours."""
+Importing this module registers it; it imports nothing of ours.
+
+``read_only`` gives the kernels one type of an array they only read, whether it is mapped from a file or held
+in memory: numba compiles a kernel once per type of its arguments, and read-only is part of an array's type."""
 
 from __future__ import annotations
 
 import logging
 import threading
 
+import numpy as np
 from numba.core import event
 
 MESSAGE = "compiling the sampling and layer kernels with numba (first run only, cached afterwards)..."
@@ -31,3 +35,14 @@ class FirstCompile(event.Listener):
 
 
 event.register("numba:compile", FirstCompile())
+
+
+def read_only(array: np.ndarray | None) -> np.ndarray | None:
+    """``array`` as a read-only view (itself when it already is, or None): what a kernel only reads is passed
+    read-only wherever it comes from. A file's memory map is read-only, an array built in memory is not, and
+    numba would compile each kernel (seconds each) once for either. No copy is made."""
+    if array is None or not array.flags.writeable:
+        return array
+    view = array.view()
+    view.flags.writeable = False
+    return view

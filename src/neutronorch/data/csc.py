@@ -10,6 +10,7 @@ from numba import njit, prange
 
 from neutronorch.data.dtypes import as_int64, id_outside
 from neutronorch.errors import DataError
+from neutronorch.jit import read_only
 
 # Graphs with fewer vertices than this store neighbour ids as int32, halving the size of ``indices``.
 INT32_LIMIT = np.iinfo(np.int32).max
@@ -86,7 +87,7 @@ def edge_hygiene(indptr: np.ndarray, indices: np.ndarray) -> dict[str, int]:
     """What ``edges_to_csc`` would have removed or added, counted in a CSC as stored: self loops,
     repeated in-neighbours, and edges whose reverse is missing (0 for an undirected graph). Reads the
     topology once and holds a sorted int64 copy of ``indices`` (8 bytes an edge)."""
-    loops, repeats, one_way = _count_hygiene(np.asarray(indptr, np.int64), np.asarray(indices))
+    loops, repeats, one_way = _count_hygiene(read_only(np.asarray(indptr, np.int64)), read_only(np.asarray(indices)))
     return {"self_loops": int(loops), "duplicate_edges": int(repeats), "edges_without_reverse": int(one_way)}
 
 
@@ -117,7 +118,7 @@ def drop_edges(indptr: np.ndarray, indices: np.ndarray, keys: np.ndarray) -> tup
     """The CSC without the edges named by ``keys``: sorted int64 ``dst * num_nodes + src``, one per edge
     ``src -> dst`` to drop (every stored copy of it goes). Each column keeps its order; the result is new
     arrays (``indptr`` int64, ``indices`` of the input's dtype), the input is read in place."""
-    indptr, indices = np.asarray(indptr), np.asarray(indices)
+    indptr, indices = read_only(np.asarray(indptr)), read_only(np.asarray(indices))
     num_nodes = indptr.shape[0] - 1
     starts = np.zeros(num_nodes + 1, np.int64)  # keys of column v: keys[starts[v]:starts[v + 1]]
     if keys.size:

@@ -16,6 +16,7 @@ from neutronorch.data.links import LinkEnds, LinkSplit
 from neutronorch.data.relation import RelationType, relation_label
 from neutronorch.data.typed import TypedGraph
 from neutronorch.errors import ConfigError, DataError
+from neutronorch.jit import read_only
 
 # Edges are handled as int64 keys dst * num_nodes + src, which hold graphs of up to this many vertices.
 _KEY_LIMIT = math.isqrt(np.iinfo(np.int64).max)
@@ -196,7 +197,7 @@ def pair_keys(pairs: np.ndarray, num_nodes: int, undirected: bool) -> np.ndarray
 
 def _link_keys(indptr: np.ndarray, indices: np.ndarray, undirected: bool) -> np.ndarray:
     """Sorted unique keys dst * num_nodes + src of the graph's links (undirected: those with src < dst)."""
-    keys = _edge_keys(indptr, indices, undirected)
+    keys = _edge_keys(read_only(indptr), read_only(indices), undirected)
     if keys.size > 1 and np.any(keys[1:] < keys[:-1]):  # columns stored unsorted
         keys.sort()
     if keys.size > 1:

@@ -9,6 +9,7 @@ import numpy as np
 from numba import njit
 
 from neutronorch.errors import DataError
+from neutronorch.jit import read_only
 
 TIME_DTYPES = ("int64", "float64")
 _CHUNK = 1 << 24  # times checked at a time (arrays may be memory maps larger than RAM)
@@ -62,7 +63,7 @@ def check_times(times, count: int, what: str, source: str, indptr=None) -> None:
                         f"{'edges' if indptr is not None else 'vertices'}; give one per item (an edge time per "
                         f"stored edge, in the CSC's order).")
     check_finite(times, what, source)
-    if indptr is not None and (bad := unsorted_column(np.asarray(indptr), times)) >= 0:
+    if indptr is not None and (bad := unsorted_column(read_only(np.asarray(indptr)), read_only(times))) >= 0:
         raise DataError(f"{source}: {what} of vertex {bad}'s in-edges are not ascending; a temporal graph keeps "
                         f"each vertex's in-edges sorted by time. Build it with Graph.from_arrays(..., "
                         f"edge_time=...) or Relation.from_edges(..., edge_time=...), which sort them.")
@@ -123,7 +124,7 @@ def time_info(times: np.ndarray, indptr: np.ndarray | None = None) -> dict:
     info = {"dtype": times.dtype.name, "min": times.min().item() if times.size else None,
             "max": times.max().item() if times.size else None}
     if indptr is not None:
-        info["in_edges_sorted"] = bool(unsorted_column(np.asarray(indptr), times) < 0)
+        info["in_edges_sorted"] = bool(unsorted_column(read_only(np.asarray(indptr)), read_only(times)) < 0)
     return info
 
 

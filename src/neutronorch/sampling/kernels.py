@@ -10,9 +10,9 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-import neutronorch.jit  # noqa: F401 - says when these kernels are compiled (a cold cache)
 from neutronorch.bfloat16 import numpy_view, store
 from neutronorch.data.dtypes import is_bfloat16
+from neutronorch.jit import read_only  # importing it also says when these kernels are compiled (a cold cache)
 from neutronorch.prefetch import AHEAD, prefetch_row
 
 # Vertices ahead whose adjacency the draws ask for (their row pointer twice as far ahead): the draws wait on one
@@ -339,6 +339,7 @@ def gather_stored(source: np.ndarray, rows: np.ndarray, order: np.ndarray, out: 
     the source read front to back; a part of the positions: ``split_order``), ``source`` as it is stored
     (float32, float16 or bfloat16; any other numeric dtype converted as numpy's ``astype`` would) into
     float32 or bfloat16 rows: float16 decoded through a table, bfloat16 bits copied or widened."""
+    source = read_only(source)
     if source.dtype == np.float16:
         table = HALF_TO_BF16 if out.dtype == torch.bfloat16 else HALF_TO_FLOAT
         _gather(source.view(np.uint16), rows, order, table, numpy_view(out))

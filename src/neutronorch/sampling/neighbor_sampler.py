@@ -20,6 +20,7 @@ import numba
 import numpy as np
 import torch
 
+from neutronorch.jit import read_only
 from neutronorch.sampling import hop_pipeline, kernels, relabel_kernels
 from neutronorch.sampling.block import Block, SampledSubgraph
 from neutronorch.sampling.hop_pipeline import segments_for
@@ -105,8 +106,8 @@ class NeighborSampler(OneThread, Sampler):
         # Vertices per region: about REGION_BYTES of their adjacency at the graph's mean degree.
         mean_degree = max(1.0, indices.shape[0] / max(1, indptr.shape[0] - 1))
         self.vertices_per_region = max(1, int(kernels.REGION_BYTES / (mean_degree * indices.itemsize)))
-        self.indptr = indptr
-        self.indices = indices
+        self.indptr = read_only(indptr)
+        self.indices = read_only(indices)
         self.fanouts = list(fanouts)
         self.degrees = degrees
         self._node_map = np.full(indptr.shape[0] - 1, -1, dtype=np.int64)

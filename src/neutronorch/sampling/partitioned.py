@@ -16,6 +16,7 @@ import torch
 from numba import njit, prange
 
 from neutronorch.errors import ConfigError
+from neutronorch.jit import read_only
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.exchange import Exchange
@@ -72,7 +73,7 @@ class PartitionedSampler(OneThread, Sampler):
                               f"{exchange.size}: each rank samples the part of its number, one part per rank.")
         self.part, self.exchange, self.fanouts = part, exchange, list(fanouts)
         self.degrees, self._degree_of = degrees is not None, degrees
-        self.indptr, self.indices = part.indptr, part.indices
+        self.indptr, self.indices = read_only(part.indptr), read_only(part.indices)
         self._map = FrontierMap()
         self.asked = 0  # vertices this rank asked other ranks to draw for
         self.served = 0  # vertices other ranks asked this one to draw for

@@ -19,6 +19,7 @@ import torch
 from neutronorch.data.typed import RelationType, TypedGraph
 from neutronorch.data.typed_parts import TypedPartition
 from neutronorch.errors import ConfigError
+from neutronorch.jit import read_only
 from neutronorch.sampling.exchange import Exchange
 from neutronorch.sampling.partitioned import by_owner, in_frontier_order, sample_rows
 from neutronorch.sampling.typed_sampler import HostFrontiers, TypedHops
@@ -135,7 +136,8 @@ class PartitionedTypedSampler(HostFrontiers, TypedHops):
         """The whole graph's draws through ``relation`` of ``ids`` (this part's vertices): (ptr, nbrs)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         csc = self.part.relations[relation]
-        return sample_rows(csc.indptr, csc.indices, self.part.local(relation[2], ids), ids, fanout, np.uint64(key))
+        indptr, indices = read_only(csc.indptr), read_only(csc.indices)
+        return sample_rows(indptr, indices, self.part.local(relation[2], ids), ids, fanout, np.uint64(key))
 
     def _own(self, relation: RelationType, dst: np.ndarray, fanout: int, key: int) -> tuple:
         """``_rows`` without an exchange: every destination must be this part's."""

@@ -21,6 +21,7 @@ import torch
 from neutronorch.data.times import time_array
 from neutronorch.data.typed import RelationType, TypedGraph, relation_label
 from neutronorch.errors import ConfigError, DataError
+from neutronorch.jit import read_only
 from neutronorch.sampling import kernels, temporal_kernels as tk
 from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 from neutronorch.sampling.fanouts import parse_fanouts
@@ -142,7 +143,7 @@ class TemporalNeighborSampler(OneThread):
         if edge_time is None or edge_time.shape[0] != indices.shape[0]:
             raise DataError("TemporalNeighborSampler: the graph has no edge times (one per edge, CSC order); give a "
                             "graph built with edge_time (docs/temporal.md).")
-        self.indptr, self.indices, self.edge_time = indptr, indices, edge_time
+        self.indptr, self.indices, self.edge_time = read_only(indptr), read_only(indices), read_only(edge_time)
         self.fanouts = parse_fanouts(fanouts)
         self.last, self.strict = check_strategy(temporal_strategy), bool(strict)
         self._node_map = np.full(indptr.shape[0] - 1, -1, dtype=np.int64)
@@ -216,11 +217,12 @@ class TemporalTypedSampler(TypedNeighborSampler):
         drawn, self._parts = {}, {}
         for relation, (dst, fanout, key) in calls.items():
             csc, ranks = self.graph.relations[relation], self._ranks[relation[2]]
+            indptr, indices = read_only(csc.indptr), read_only(csc.indices)
             if csc.edge_time is None:
-                out = kernels.sample_neighbor_edges(csc.indptr, csc.indices, dst.numpy(), fanout, np.uint64(key),
+                out = kernels.sample_neighbor_edges(indptr, indices, dst.numpy(), fanout, np.uint64(key),
                                                     kernels.NO_ORDER)
             else:
-                out = tk.sample_temporal(csc.indptr, csc.indices, csc.edge_time, dst.numpy(), ranks, self._cuts,
+                out = tk.sample_temporal(indptr, indices, read_only(csc.edge_time), dst.numpy(), ranks, self._cuts,
                                          fanout, np.uint64(key), self.strict, self.last)
             self._parts[relation] = (out[0], ranks, out[1])
             drawn[relation] = tuple(map(torch.from_numpy, out))

@@ -19,6 +19,7 @@ import torch
 from neutronorch.data.csc import out_degrees
 from neutronorch.data.typed import RelationType, TypedGraph, relation_label
 from neutronorch.errors import ConfigError, DataError
+from neutronorch.jit import read_only
 from neutronorch.sampling import kernels
 from neutronorch.sampling.block import Block, SampledSubgraph, TypedBlock
 from neutronorch.sampling.fanouts import parse_fanouts
@@ -246,8 +247,9 @@ class TypedNeighborSampler(HostFrontiers, TypedHops):
         for relation, (dst, fanout, key) in calls.items():
             csc = self.graph.relations[relation]
             kernel = kernels.sample_neighbor_edges if relation in self.edge_ids else kernels.sample_neighbors
-            drawn[relation] = tuple(map(torch.from_numpy, kernel(csc.indptr, csc.indices, dst.numpy(), fanout,
-                                                                 np.uint64(key), kernels.NO_ORDER)))
+            out = kernel(read_only(csc.indptr), read_only(csc.indices), dst.numpy(), fanout, np.uint64(key),
+                         kernels.NO_ORDER)
+            drawn[relation] = tuple(map(torch.from_numpy, out))
         return drawn
 
     def _edge_rows(self, edge_ids: dict[RelationType, torch.Tensor]) -> dict[RelationType, torch.Tensor]:

@@ -21,6 +21,7 @@ import torch
 
 from neutronorch.bfloat16 import tensor_from_numpy
 from neutronorch.data.files import release_pages
+from neutronorch.jit import read_only
 from neutronorch.orchestration.remote_rows import GrowingBuffer, RemoteRows, rows_bytes
 from neutronorch.sampling.block import Block
 from neutronorch.sampling.frontier_map import FrontierMap
@@ -231,7 +232,7 @@ class PartEvaluation:
         (every part's previous layer by local index; None: the features). A collective (the fetch)."""
         part = self.part
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        ptr, nbrs = sample_rows(part.indptr, part.indices, part.local(ids), ids, -1, np.uint64(0))
+        ptr, nbrs = sample_rows(read_only(part.indptr), read_only(part.indices), part.local(ids), ids, -1, np.uint64(0))
         self._map.start(ids)
         (local,), frontier = self._map.relabel(ids, [nbrs])
         self._map.clear()
