@@ -10,6 +10,7 @@ import torch
 
 from neutronorch.data.csc import edges_to_csc
 from neutronorch.data.synthetic_typed import synthetic_typed
+from neutronorch.jit import read_only
 from neutronorch.sampling import kernels, relabel_kernels
 from neutronorch.sampling.hop_pipeline import draw_and_relabel, segments_for
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key
@@ -116,7 +117,7 @@ def test_scratch_grows_and_is_reused():
 def test_pipelined_hop_equals_draws_then_walk(workers):
     """``draw_and_relabel`` with any number of workers and segments: the draws and relabel of
     ``sample_neighbors`` then ``relabel`` (workers beyond numba's threads run one after another)."""
-    indptr, indices = graph(n=6000, seed=workers)
+    indptr, indices = map(read_only, graph(n=6000, seed=workers))  # as the samplers pass them
     rng = np.random.default_rng(workers)
     node_map = np.full(6000, -1, np.int64)
     for trial in range(6):

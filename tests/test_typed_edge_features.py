@@ -16,6 +16,7 @@ from torch.nn import functional as F
 from neutronorch import TrainConfig, train
 from neutronorch.data import read_typed, synthetic_typed, write_typed
 from neutronorch.data.typed import Relation, TypedGraph
+from neutronorch.jit import read_only
 from neutronorch.errors import ConfigError, DataError
 from neutronorch.nn.relational import module_key
 from neutronorch.nn.typed_models import LEAKY_SLOPE, TypedGNN, TypedSpec, edge_arguments
@@ -58,9 +59,10 @@ def test_recording_edges_draws_what_the_neighbour_kernel_draws(mag, fanout, orde
     csc = mag.relations[CITES]
     dst = np.random.default_rng(0).choice(mag.num_nodes["paper"], 300, replace=False).astype(np.int64)
     visit = kernels.region_order(dst, 64, mag.num_nodes["paper"]) if order else kernels.NO_ORDER
+    indptr, indices = read_only(csc.indptr), read_only(csc.indices)  # as the samplers pass them
     for key in (np.uint64(5), np.uint64(2**63 + 11)):
-        ptr, nbrs = kernels.sample_neighbors(csc.indptr, csc.indices, dst, fanout, key, visit)
-        ptr2, nbrs2, edges = kernels.sample_neighbor_edges(csc.indptr, csc.indices, dst, fanout, key, visit)
+        ptr, nbrs = kernels.sample_neighbors(indptr, indices, dst, fanout, key, visit)
+        ptr2, nbrs2, edges = kernels.sample_neighbor_edges(indptr, indices, dst, fanout, key, visit)
         assert np.array_equal(ptr, ptr2) and np.array_equal(nbrs, nbrs2)
         assert nbrs.dtype == nbrs2.dtype
         assert edges.dtype == np.int64 and np.array_equal(csc.indices[edges], nbrs)

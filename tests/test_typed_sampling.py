@@ -14,6 +14,7 @@ import torch
 from neutronorch.data.synthetic_typed import synthetic_typed
 from neutronorch.data.typed import Relation, TypedGraph
 from neutronorch.errors import ConfigError
+from neutronorch.jit import read_only
 from neutronorch.sampling import kernels
 from neutronorch.sampling.neighbor_sampler import NeighborSampler, batch_key, layer_key
 from neutronorch.sampling.typed_sampler import TypedNeighborSampler, hop_keys, relation_key, typed_fanouts
@@ -216,7 +217,7 @@ def test_each_relations_draws_are_the_kernels_with_its_key(mag):
     assert len(keys) == len(mag.relations)
     for relation, block in top.blocks.items():
         csc = mag.relations[relation]
-        ptr, nbrs = kernels.sample_neighbors(csc.indptr, csc.indices, seeds, 3,
+        ptr, nbrs = kernels.sample_neighbors(read_only(csc.indptr), read_only(csc.indices), seeds, 3,
                                              np.uint64(relation_key(key, 0, relation)), kernels.NO_ORDER)
         assert np.array_equal(block.indptr.numpy(), ptr)
         assert np.array_equal(top.src_ids[relation[0]][block.indices].numpy(), nbrs)
