@@ -158,4 +158,26 @@ def predict_typed(args, cuts: dict) -> list[str]:
                      f"{train['rows'] / 1e9:,.1f} | {evaluation['total'] / 1e9:,.1f} | "
                      + " | ".join(f"{train['total'] / r:,.1f}" for r in rate) + " | "
                      + " | ".join(f"{evaluation['total'] / r:,.1f}" for r in rate) + " |")
+    return lines + predict_typed_hot(args, cuts, fanouts) if args.hot_ratio else lines
+
+
+def predict_typed_hot(args, cuts: dict, fanouts: tuple) -> list[str]:
+    """IGBH-full's training rows in NeutronOrch mode at each ``--hot-ratio``, beside exact mode's: GB per machine by
+    lane and their seconds."""
+    lines = ["", f"IGBH-full in NeutronOrch mode (super-batch {args.super_batch}, the same assumptions): training GB "
+                 f"received (= sent) per machine", "",
+             "| graph | machines | mode | training GB | of which plan / cold / host / gradient | "
+             + " | ".join(f"train s, {g:g} Gbit/s" for g in args.network) + " |",
+             "|---|---:|---|---:|---|" + "---:|" * len(args.network)]
+    for machines, cut in cuts.items():
+        exact = igbh_inputs(machines, cut, fanouts, args.batch_size, args.hidden)
+        for ratio in (None, *args.hot_ratio):
+            if ratio is None:
+                train, split = training_bytes(exact, 0)["total"], "-"
+            else:
+                got = neutronorch_bytes(replace(exact, hot_ratio=ratio, super_batch=args.super_batch), 0)
+                train, split = got["total"], " / ".join(f"{got[lane] / 1e9:,.1f}" for lane in LANES[:-1])
+            lines.append(f"| IGBH-full | {machines} | {'exact' if ratio is None else f'hot ratio {ratio:g}'} | "
+                         f"{train / 1e9:,.1f} | {split} | "
+                         + " | ".join(f"{train / (g * 1e9 / 8):,.1f}" for g in args.network) + " |")
     return lines
