@@ -13,8 +13,10 @@ once with the degree classes of the parts' in-edges and once with every vertex a
 class``), and the table gives measured / model. With ``--hot-ratio R`` the run is NeutronOrch mode at that ratio
 (``--mode neutronorch``, no evaluation) and the table gives each rank's bytes per lane (plan, cold, host,
 gradient) against ``partition_cost_hot.py``'s, with the plan's hot, computed and reached vertices and reuse.
-A typed graph's folder (exact mode, dealt by owner) is checked per lane of its run (sampling and rows; the
-embedding tables') against ``partition_cost_typed.py``'s (``partition_bytes_typed.py``). ``--predict`` prints
+A typed graph's folder (dealt by owner) is checked per lane of its run (exact mode: sampling and rows, the
+embedding tables') against ``partition_cost_typed.py``'s, and with ``--hot-ratio R`` per lane of NeutronOrch mode
+(plan, cold, host, gradient, tables) against ``partition_cost_typed_hot.py``'s (``partition_bytes_typed.py``).
+``--predict`` prints
 the model's bytes, seconds and memory per machine for the two large graphs at 4, 16 and 64 machines, and
 IGBH-full's bytes and seconds as a typed graph, under the assumptions in docs/distributed.md ("Cost model")."""
 
@@ -29,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from common import OUT, verdict_lines
-from partition_bytes_typed import compare_typed, is_typed, predict_typed
+from partition_bytes_typed import compare_typed, is_typed, lane_lines, predict_typed
 
 from neutronorch.orchestration.partition_cost import (DEALINGS, CostInputs, Degrees, epoch_seconds,
                                                       evaluation_bytes, frontier, machine_memory, of_partition,
@@ -100,30 +102,9 @@ def compare_lanes(parts: Path, summary: dict, dealing: str) -> list[str]:
     inputs = of_partition(parts, [int(f) for f in config["fanouts"]], int(config["batch_size"]),
                           hidden=int(config["hidden"]), dealing=dealing, hot_ratio=float(config["hot_ratio"]),
                           super_batch=int(config["super_batch"]), hot_row_bytes=row_bytes)
-    lines = [f"{parts}: {inputs.ranks} ranks, {dealing} dealing, cut {inputs.cut:.2%}, fanouts {inputs.fanouts}, "
-             f"batch {inputs.batch_size} per rank, hot ratio {inputs.hot_ratio:g}, super-batch {inputs.super_batch}",
-             "", "| rank | lane | sent | received | model | sent / model | received / model |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
-    worst, worst_lane = 0.0, {}
-    for rank, measured in enumerate(summary["epochs"][0]["exchange"]):
-        model = neutronorch_bytes(inputs, rank)
-        for lane in (*LANES, "total"):
-            got = measured if lane == "total" else measured["lanes"][lane]
-            ratios = [got[d] / model[lane] if model[lane] else float(got[d] == 0) for d in ("sent_bytes",
-                                                                                             "received_bytes")]
-            off = max(abs(r - 1) for r in ratios)
-            worst_lane[lane] = max(worst_lane.get(lane, 0.0), off)
-            worst = max(worst, off) if lane == "total" else worst
-            lines.append(f"| {rank} | {lane} | {got['sent_bytes']:,} | {got['received_bytes']:,} | "
-                         f"{model[lane]:,.0f} | {ratios[0]:.3f} | {ratios[1]:.3f} |")
-    hot, model = summary["hot"], neutronorch_bytes(inputs, 0)
-    lines += ["", f"rank 0 per super-batch, measured / model: hot {hot['mean_hot_per_super_batch']:,.0f} / "
-                  f"{model['hot']:,.0f}, computed {hot['mean_computed_per_super_batch']:,.0f} / "
-                  f"{model['computed']:,.0f}, reached {hot['mean_reached_per_super_batch']:,.0f} / "
-                  f"{model['reached']:,.0f}; reuse rate "
-                  f"{hot['reuse_rate']:.3f} / {model['reuse_rate']:.3f}",
-              *verdict_lines(worst, TARGET, worst_lane, "of a rank's total from the model")]
-    return lines
+    header = (f"{parts}: {inputs.ranks} ranks, {dealing} dealing, cut {inputs.cut:.2%}, fanouts {inputs.fanouts}, "
+              f"batch {inputs.batch_size} per rank, hot ratio {inputs.hot_ratio:g}, super-batch {inputs.super_batch}")
+    return lane_lines(header, summary, lambda rank: neutronorch_bytes(inputs, rank), LANES, TARGET)
 
 
 def one_rank_rows(inputs: CostInputs) -> float:
@@ -202,9 +183,8 @@ def main() -> int:
     if not (args.partitions / "partition.json").is_file():
         parser.error(f"--partitions {args.partitions}: no partition.json there; give a folder `neutronorch "
                      f"partition` wrote")
-    if is_typed(args.partitions) and (args.hot_ratio is not None or args.dealing != "owner"):
-        parser.error(f"{args.partitions}: a typed graph's parts train in exact mode, dealt by owner; leave out "
-                     f"--hot-ratio and --dealing")
+    if is_typed(args.partitions) and args.dealing != "owner":
+        parser.error(f"{args.partitions}: a typed graph's parts are dealt by owner; leave out --dealing")
     if args.summary is not None:
         summary = json.loads(args.summary.read_text())
     else:

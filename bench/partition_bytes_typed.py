@@ -1,6 +1,7 @@
 """``partition_bytes.py``'s typed graphs: a typed partition folder's run against the model of
 ``neutronorch.orchestration.partition_cost_typed`` (every rank's bytes per lane of the run's summary, and rank
-0's evaluation), and IGBH-full's predictions as a typed graph."""
+0's evaluation), or in NeutronOrch mode of ``partition_cost_typed_hot`` (every rank's bytes per lane), and
+IGBH-full's predictions as a typed graph."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from common import verdict_lines
 from neutronorch.orchestration.partition_cost import rank_batches
 from neutronorch.orchestration.partition_cost_typed import (TypedCostInputs, batch_bytes, evaluation_bytes,
                                                             of_typed_partition, training_bytes)
+from neutronorch.orchestration.partition_cost_typed_hot import LANES, neutronorch_bytes
 
 LANE_KEYS = {"sampling": "lane_sampling", "tables": "lane_tables"}  # the summary's lane: the model's key
 
@@ -32,6 +34,8 @@ def compare_typed(parts: Path, summary: dict, target: float) -> list[str]:
     by the evaluations the run made) against the model's, and the model with one class a type."""
     config = summary["config"]
     fanouts = tuple(int(f) for f in config["fanouts"])
+    if config["mode"] == "neutronorch":
+        return compare_typed_lanes(parts, summary, fanouts, target)
     eval_fanouts = tuple(int(f) for f in config["eval_fanouts"]) if config.get("eval_fanouts") else None
     inputs = of_typed_partition(parts, fanouts, int(config["batch_size"]), hidden=int(config["hidden"]),
                                 eval_batch_size=int(config["eval_batch_size"]), eval_fanouts=eval_fanouts)
@@ -69,6 +73,43 @@ def compare_typed(parts: Path, summary: dict, target: float) -> list[str]:
                   f"({measured_rows / rows['one class']:.3f})",
               *verdict_lines(worst, target, worst_lane)]
     return lines
+
+
+def compare_typed_lanes(parts: Path, summary: dict, fanouts: tuple, target: float) -> list[str]:
+    """A typed run's NeutronOrch training bytes per rank and lane against ``partition_cost_typed_hot``'s."""
+    config = summary["config"]
+    inputs = of_typed_partition(parts, fanouts, int(config["batch_size"]), hidden=int(config["hidden"]),
+                                hot_ratio=float(config["hot_ratio"]), super_batch=int(config["super_batch"]))
+    lanes = LANES if inputs.table_types else LANES[:-1]  # the run has a tables lane where a type has a table
+    cuts = ", ".join(f"{r[1]} {c:.1%}" for r, c in inputs.cut.items())
+    header = (f"{parts}: {inputs.ranks} ranks, dealt by owner, fanouts {inputs.fanouts}, batch {inputs.batch_size} "
+              f"per rank, hot ratio {inputs.hot_ratio:g}, super-batch {inputs.super_batch}; cut per relation: {cuts}")
+    return lane_lines(header, summary, lambda rank: neutronorch_bytes(inputs, rank), lanes, target)
+
+
+def lane_lines(header: str, summary: dict, model_of, lanes: tuple, target: float) -> list[str]:
+    """A NeutronOrch run's training bytes per rank and lane (of ``lanes``, and the total) against the model's
+    (``model_of(rank)``: ``neutronorch_bytes``'), the total within ``target``, and rank 0's plan statistics
+    against the model's."""
+    lines = [header, "", "| rank | lane | sent | received | model | sent / model | received / model |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    worst, worst_lane, models = 0.0, {}, {}
+    for rank, measured in enumerate(summary["epochs"][0]["exchange"]):
+        model = models[rank] = model_of(rank)
+        for lane in (*lanes, "total"):
+            got = measured if lane == "total" else measured["lanes"][lane]
+            sent, received = ratios(got, model[lane])
+            off = max(abs(sent - 1), abs(received - 1))
+            worst_lane[lane] = max(worst_lane.get(lane, 0.0), off)
+            worst = max(worst, off) if lane == "total" else worst
+            lines.append(f"| {rank} | {lane} | {got['sent_bytes']:,} | {got['received_bytes']:,} | "
+                         f"{model[lane]:,.0f} | {sent:.3f} | {received:.3f} |")
+    hot, model = summary["hot"], models[0]
+    return lines + ["", f"rank 0 per super-batch, measured / model: hot {hot['mean_hot_per_super_batch']:,.0f} / "
+                        f"{model['hot']:,.0f}, computed {hot['mean_computed_per_super_batch']:,.0f} / "
+                        f"{model['computed']:,.0f}, reached {hot['mean_reached_per_super_batch']:,.0f} / "
+                        f"{model['reached']:,.0f}; reuse rate {hot['reuse_rate']:.3f} / {model['reuse_rate']:.3f}",
+                    *verdict_lines(worst, target, worst_lane, "of a rank's total from the model")]
 
 
 def input_rows(inputs: TypedCostInputs) -> float:
@@ -117,4 +158,26 @@ def predict_typed(args, cuts: dict) -> list[str]:
                      f"{train['rows'] / 1e9:,.1f} | {evaluation['total'] / 1e9:,.1f} | "
                      + " | ".join(f"{train['total'] / r:,.1f}" for r in rate) + " | "
                      + " | ".join(f"{evaluation['total'] / r:,.1f}" for r in rate) + " |")
+    return lines + predict_typed_hot(args, cuts, fanouts) if args.hot_ratio else lines
+
+
+def predict_typed_hot(args, cuts: dict, fanouts: tuple) -> list[str]:
+    """IGBH-full's training rows in NeutronOrch mode at each ``--hot-ratio``, beside exact mode's: GB per machine by
+    lane and their seconds."""
+    lines = ["", f"IGBH-full in NeutronOrch mode (super-batch {args.super_batch}, the same assumptions): training GB "
+                 f"received (= sent) per machine", "",
+             "| graph | machines | mode | training GB | of which plan / cold / host / gradient | "
+             + " | ".join(f"train s, {g:g} Gbit/s" for g in args.network) + " |",
+             "|---|---:|---|---:|---|" + "---:|" * len(args.network)]
+    for machines, cut in cuts.items():
+        exact = igbh_inputs(machines, cut, fanouts, args.batch_size, args.hidden)
+        for ratio in (None, *args.hot_ratio):
+            if ratio is None:
+                train, split = training_bytes(exact, 0)["total"], "-"
+            else:
+                got = neutronorch_bytes(replace(exact, hot_ratio=ratio, super_batch=args.super_batch), 0)
+                train, split = got["total"], " / ".join(f"{got[lane] / 1e9:,.1f}" for lane in LANES[:-1])
+            lines.append(f"| IGBH-full | {machines} | {'exact' if ratio is None else f'hot ratio {ratio:g}'} | "
+                         f"{train / 1e9:,.1f} | {split} | "
+                         + " | ".join(f"{train / (g * 1e9 / 8):,.1f}" for g in args.network) + " |")
     return lines

@@ -20,6 +20,8 @@ expectation."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from neutronorch.orchestration.partition_cost import (COUNT_BYTES, FLOAT_BYTES, ID_BYTES, CostInputs, Walk,
@@ -39,6 +41,26 @@ def super_batches(inputs: CostInputs, rank: int) -> list[list[float]]:
     """The epoch's mini-batches in super-batches of ``super_batch`` (the last may be shorter)."""
     seeds, p = epoch_batches(inputs, rank), inputs.super_batch
     return [seeds[i:i + p] for i in range(0, len(seeds), p)]
+
+
+def super_batch_kinds(inputs, rank: int) -> dict[tuple, int]:
+    """The epoch's super-batches of rank ``rank``, each as every rank's seeds per mini-batch of it (a rank with
+    fewer super-batches taking ``rank``'s): the same ones computed once, with how many of each."""
+    plans = [super_batches(inputs, r) for r in range(inputs.ranks)]
+    kinds: dict = {}
+    for s in range(len(plans[rank])):
+        key = tuple(tuple(plans[r][s]) if s < len(plans[r]) else tuple(plans[rank][s]) for r in range(inputs.ranks))
+        kinds[key] = kinds.get(key, 0) + 1
+    return kinds
+
+
+def made_once(made: dict, key: tuple, make) -> list:
+    """Every rank's super-batch of ``key`` (``super_batch_kinds``'), each made by ``make(rank, seeds)`` once and
+    kept in ``made``."""
+    for r, seeds in enumerate(key):
+        if (r, seeds) not in made:
+            made[r, seeds] = make(r, seeds)
+    return [made[r, seeds] for r, seeds in enumerate(key)]
 
 
 def bottom_walk(inputs: CostInputs, rank: int, seeds: float) -> tuple[Walk, list[dict]]:
@@ -61,51 +83,72 @@ def counts(reach: list[np.ndarray], classes: int) -> np.ndarray:
     return dist
 
 
-class SuperBatch:
-    """One super-batch of rank ``rank`` (``seeds`` per mini-batch): its walks, the distinct destinations it
-    reaches, its hot set (``hot``: per class of this part's vertices then of the others', the chance a vertex
-    is hot) and per mini-batch the chance a destination it reaches (not as a seed) is hot there (``served``).
+@dataclass
+class HotGroups:
+    """The hot set of one kind of destination (a typed graph's type) in a super-batch: per class the chance a
+    vertex is hot (``hot``), per mini-batch the chance a destination it reaches (not as a seed) is hot there
+    (``served``), and the distinct destinations reached, their appearances and those served hot."""
+
+    hot: np.ndarray
+    served: list[np.ndarray]
+    reached: float
+    appearances: float
+    hot_appearances: float
+
+
+def hot_groups(pool: np.ndarray, reach: list[np.ndarray], every: list[np.ndarray], ratio: float) -> HotGroups:
+    """The planner's choice among the destinations of one kind (``pool``: the vertices per class), mini-batch j
+    reaching a vertex of a class with the chance ``reach[j]`` other than as a seed, ``every[j]`` in all.
 
     The planner ranks the destinations by their count of mini-batches, a tie by first appearance (its sort is
     stable, the destinations in the order the mini-batches reach them): so the hot set takes the vertices
     group by group, by count (most first) and within a count by the mini-batch first reaching them (earliest
     first), and the last group it reaches in part. Where few vertices are reached twice, the early
     mini-batches of a super-batch thus get most of its hot rows and the late ones few."""
+    c, m = pool.shape[0], len(reach)
+    reached = float((pool * (1 - np.prod([1 - p for p in every], axis=0))).sum())
+    unreached = np.cumprod([np.ones(c)] + [1 - q for q in reach], axis=0)  # row f: none of 0..f-1
+    # group[k, f]: per class the chance of count k, first reached by mini-batch f (not as a seed)
+    group = np.zeros((m + 1, m, c))
+    for f in range(m):
+        group[1:m - f + 1, f] = unreached[f] * reach[f] * counts(reach[f + 1:], c)
+    left = min(float((pool * (1 - unreached[m])).sum()), ratio * reached)
+    share = np.zeros((m + 1, m))  # per group, the share of its vertices hot
+    for k in range(m, 0, -1):
+        for f in range(m):
+            there = float((pool * group[k, f]).sum())
+            share[k, f] = min(1.0, left / there) if there > 0 else 0.0
+            left -= share[k, f] * there
+    served_by = []
+    for b in range(m):  # reached in b: first reached at f <= b, and its count one more than the others'
+        served = np.zeros(c)
+        for f in range(b + 1):
+            rest = counts(reach[f + 1:b] + reach[b + 1:], c)
+            lead = unreached[f] * (reach[f] if f < b else 1.0)
+            extra = 1 if f < b else 0  # the mini-batches f and b both count
+            for j in range(rest.shape[0]):
+                served += share[j + 1 + extra, f] * lead * rest[j]
+        served_by.append(served)
+    return HotGroups((group * share[:, :, None]).sum(axis=(0, 1)), served_by, reached,
+                     sum(float((pool * p).sum()) for p in every),
+                     sum(float((pool * q * h).sum()) for q, h in zip(reach, served_by)))
+
+
+class SuperBatch:
+    """One super-batch of rank ``rank`` (``seeds`` per mini-batch): its walks, and the hot set of its
+    destinations (``hot_groups``; per class of this part's vertices then of the others')."""
 
     def __init__(self, inputs: CostInputs, rank: int, seeds: list[float]):
         self.walks = [bottom_walk(inputs, rank, s) for s in seeds]
         first = self.walks[0][0]
         self.split, self.pool = first.own_pool.shape[0], np.concatenate([first.own_pool, first.remote_pool])
-        c, m = self.pool.shape[0], len(seeds)
         reach = [np.concatenate([sum(w.own[1:], np.zeros_like(w.own[0])),
                                  sum(w.remote[1:], np.zeros_like(w.remote[0]))]) for w, _ in self.walks]
         every = [np.concatenate([sum(w.own), sum(w.remote)]) for w, _ in self.walks]
-        self.reached = float((self.pool * (1 - np.prod([1 - p for p in every], axis=0))).sum())
-        self.appearances = sum(float((self.pool * p).sum()) for p in every)
-        unreached = np.cumprod([np.ones(c)] + [1 - q for q in reach], axis=0)  # row f: none of 0..f-1
-        # group[k, f]: per class the chance of count k, first reached by mini-batch f (not as a seed)
-        group = np.zeros((m + 1, m, c))
-        for f in range(m):
-            group[1:m - f + 1, f] = unreached[f] * reach[f] * counts(reach[f + 1:], c)
-        left = min(float((self.pool * (1 - unreached[m])).sum()), inputs.hot_ratio * self.reached)
-        share = np.zeros((m + 1, m))  # per group, the share of its vertices hot
-        for k in range(m, 0, -1):
-            for f in range(m):
-                there = float((self.pool * group[k, f]).sum())
-                share[k, f] = min(1.0, left / there) if there > 0 else 0.0
-                left -= share[k, f] * there
-        self.hot = (group * share[:, :, None]).sum(axis=(0, 1))
-        self.served = []
-        for b in range(m):  # reached in b: first reached at f <= b, and its count one more than the others'
-            served = np.zeros(c)
-            for f in range(b + 1):
-                rest = counts(reach[f + 1:b] + reach[b + 1:], c)
-                lead = unreached[f] * (reach[f] if f < b else 1.0)
-                extra = 1 if f < b else 0  # the mini-batches f and b both count
-                for j in range(rest.shape[0]):
-                    served += share[j + 1 + extra, f] * lead * rest[j]
-            self.served.append(served)
-        self.hot_appearances = sum(float((self.pool * q * h).sum()) for q, h in zip(reach, self.served))
+        groups = hot_groups(self.pool, reach, every, inputs.hot_ratio)
+        self.hot, self.served = groups.hot, groups.served
+        self.reached, self.appearances, self.hot_appearances = (groups.reached, groups.appearances,
+                                                                groups.hot_appearances)
 
     def hot_count(self, pool: str) -> float:
         """Expected hot vertices of this rank's part (``own``) or of the others' (``remote``)."""
@@ -215,39 +258,39 @@ def neutronorch_bytes(inputs: CostInputs, rank: int) -> dict:
     and what checks each part of the model: per super-batch the mean ``hot`` (of them ``remote_hot`` another
     part's), ``computed`` (by this rank, as owner), ``reached``, and ``reuse_rate`` (the share of bottom-layer
     destination rows served hot)."""
-    k = inputs.ranks
-    plans = [super_batches(inputs, r) for r in range(k)]
-    kinds: dict = {}  # the epoch's super-batches alike on every rank, computed once: how many of each
-    for s in range(len(plans[rank])):
-        key = tuple(tuple(plans[r][s]) if s < len(plans[r]) else tuple(plans[rank][s]) for r in range(k))
-        kinds[key] = kinds.get(key, 0) + 1
-    out = dict.fromkeys((*LANES, "input_rows"), 0.0)
+    def cold(mine: SuperBatch, j: int) -> dict:
+        walk, upper = mine.walks[j]
+        return cold_bytes(inputs, walk, upper, mine.served[j], mine.split)
+
+    return over_epoch(inputs, rank, lambda r, seeds: SuperBatch(inputs, r, list(seeds)), cold,
+                      lambda every: host_bytes(inputs, rank, every), LANES)
+
+
+def over_epoch(inputs, rank: int, make, cold, host, lanes: tuple) -> dict:
+    """An epoch's bytes of rank ``rank`` by lane (``lanes``, and their ``total``), and its plan statistics (as
+    ``neutronorch_bytes`` gives them): per kind of super-batch (``super_batch_kinds``; every rank's made by
+    ``make(rank, seeds)``) the bytes of its mini-batches (``cold(super_batch, j)``) and of its hot rows
+    (``host(every rank's super-batch)``, with the vertices ``computed`` and the ``rows`` they read); each of the
+    lanes plan, cold and host ending with its thread's agreement to leave."""
+    out = dict.fromkeys((*lanes, "input_rows"), 0.0)
     stats = dict.fromkeys(("hot", "remote_hot", "computed", "reached", "appearances", "hot_appearances"), 0.0)
-    made: dict = {}
+    kinds, made = super_batch_kinds(inputs, rank), {}
     for key, times in kinds.items():
-        for r, seeds in enumerate(key):
-            if (r, seeds) not in made:
-                made[r, seeds] = SuperBatch(inputs, r, list(seeds))
-        every = [made[r, seeds] for r, seeds in enumerate(key)]
+        every = made_once(made, key, make)
         mine = every[rank]
-        for (walk, upper), served in zip(mine.walks, mine.served):
-            got = cold_bytes(inputs, walk, upper, served, mine.split)
-            for lane in ("plan", "cold", "input_rows"):
-                out[lane] += got[lane] * times
-        host = host_bytes(inputs, rank, every)
-        for lane in ("host", "gradient"):
-            out[lane] += host[lane] * times
-        out["input_rows"] += host["rows"] * times
+        got = [cold(mine, j) for j in range(len(mine.walks))] + [host(every)]
+        for lane in out:
+            out[lane] += sum(g.get(lane, 0.0) for g in got) * times
+        out["input_rows"] += got[-1]["rows"] * times
         stats["hot"] += (mine.hot_count("own") + mine.hot_count("remote")) * times
         stats["remote_hot"] += mine.hot_count("remote") * times
-        stats["computed"] += host["computed"] * times
+        stats["computed"] += got[-1]["computed"] * times
         for name in ("reached", "appearances", "hot_appearances"):
             stats[name] += getattr(mine, name) * times
-    others = k - 1
     for lane in ("plan", "cold", "host"):
-        out[lane] += AGREE_BYTES * others  # each lane's thread says it leaves
-    out["total"] = sum(out[lane] for lane in LANES)
-    n = max(1, len(plans[rank]))
+        out[lane] += AGREE_BYTES * (inputs.ranks - 1)  # each lane's thread says it leaves
+    out["total"] = sum(out[lane] for lane in lanes)
+    n = max(1, sum(kinds.values()))
     out.update({name: stats[name] / n for name in ("hot", "remote_hot", "computed", "reached")})
     out["reuse_rate"] = stats["hot_appearances"] / max(1.0, stats["appearances"])
     return out

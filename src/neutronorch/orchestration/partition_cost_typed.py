@@ -61,7 +61,8 @@ class TypedCostInputs:
     the sampled evaluation. ``part_nodes`` (per part, per type), ``part_train``, ``part_eval``: else equal
     shares. ``classes``: per type its ``TypeClasses``, else one class at the mean degrees. ``feature_bytes``:
     the bytes of a feature, for every type or per type. Seeds are dealt by owner, as a typed graph's parts deal
-    them."""
+    them. ``hot_ratio``: None for exact mode, else NeutronOrch mode at that ratio with super-batches of
+    ``super_batch`` mini-batches (``partition_cost_typed_hot.py``)."""
 
     num_nodes: dict
     relations: dict
@@ -84,6 +85,8 @@ class TypedCostInputs:
     part_nodes: tuple | None = None
     part_train: tuple | None = None
     part_eval: tuple | None = None
+    hot_ratio: float | None = None
+    super_batch: int = 8
     dealing: str = field(default="owner", init=False)
 
     def __post_init__(self):
@@ -96,6 +99,9 @@ class TypedCostInputs:
         if unknown or set(self.cut) != set(self.relations):
             raise ConfigError(f"relations {unknown or sorted(set(self.cut) ^ set(self.relations))}: every relation "
                               f"joins two of the types and has a cut; give both")
+        if not 0 <= (self.hot_ratio or 0) <= 1 or self.super_batch < 1:
+            raise ConfigError(f"hot ratio {self.hot_ratio}, super-batch {self.super_batch}: give a ratio in [0, 1] "
+                              f"and at least one mini-batch a super-batch")
         if not all(0 <= c <= 1 for c in self.cut.values()):
             raise ConfigError(f"cuts {self.cut}: each is a fraction; give values in [0, 1]")
 
@@ -146,11 +152,13 @@ class TypedWalk:
         self.into = {t: [r for r in inputs.relations if r[2] == t] for t in self.types}
         self.reverse = {r: reverse_relation(r, inputs.relations) for r in inputs.relations}
         self.own_pool, self.remote_pool, self.own, self.remote, self.covered = {}, {}, {}, {}, {}
+        self.parent, self.landed = {}, []  # per type and cohort its parent's share of its in-edges; per hop
         for t, c in self.classes.items():
             share = inputs.nodes_of(t, rank) / max(1, inputs.num_nodes[t])
             self.own_pool[t], self.remote_pool[t] = c.count * share, c.count * (1 - share)
             zero = np.zeros_like(c.count)
             self.own[t], self.remote[t], self.covered[t] = [zero], [zero], [{r: zero for r in self.into[t]}]
+            self.parent[t] = [dict(self.covered[t][0])]
         c, t = self.classes[inputs.target], inputs.target
         seeded, whole = (c.evals, inputs.share("eval", rank)) if evaluated else (c.train, inputs.share("train", rank))
         rate = np.divide(seeded, c.count, out=np.zeros_like(c.count), where=c.count > 0)
@@ -169,29 +177,44 @@ class TypedWalk:
         ins = self.classes[relation[2]].in_deg[relation]
         return ins if fanout < 0 else np.minimum(ins, fanout)
 
+    def landing(self, fanout: int, keep: dict | None = None) -> dict:
+        """Per relation drawing ``fanout`` (into a type of the frontier), the expected fresh draws landing on a
+        vertex of each class of its source type: (this part's, other parts'). ``keep``: per type, of each
+        cohort only the share (``keep[t][0][i]`` of this part's, ``keep[t][1][i]`` of others') draws."""
+        by_relation = {}
+        for r in self.inputs.relations:
+            s, t = r[0], r[2]
+            if not self.present(t):
+                continue
+            ones = [1.0] * len(self.own[t])
+            keep_own, keep_remote = keep[t] if keep is not None else (ones, ones)
+            fresh = [self.draws(r, fanout) * (1 - cov[r]) for cov in self.covered[t]]
+            d_own = sum(float((a * k * self.own_pool[t] * f).sum()) for a, k, f in zip(self.own[t], keep_own, fresh))
+            d_remote = sum(float((z * k * self.remote_pool[t] * f).sum())
+                           for z, k, f in zip(self.remote[t], keep_remote, fresh))
+            cut, outs = self.inputs.cut_of(r, self.rank), self.classes[s].out_deg[r]
+            into_own = (d_own * (1 - cut) + d_remote * self.cut_in[r]) * landing_weights(outs, self.own_pool[s])
+            into_remote = (d_own * cut + d_remote * (1 - self.cut_in[r])) * landing_weights(outs, self.remote_pool[s])
+            by_relation[r] = (into_own, into_remote)
+        return by_relation
+
     def hop(self, fanout: int) -> dict:
         """One hop, every relation into a type of the frontier drawing ``fanout``: the hop's remote vertices
-        asked (per type), their counts (a vertex and relation each) and draws; then the frontier grows."""
+        asked (per type), their counts (a vertex and relation each) and draws; then the frontier grows (each
+        hop's landings per relation kept in ``landed``, each new cohort's parent share of its in-edges in
+        ``parent``)."""
         drawing = [r for r in self.inputs.relations if self.present(r[2])]
         asked = {t: self.counts(t)[1] for t in self.types if self.present(t)}
         out = {"ids": sum(asked.values()), "counts": sum(asked[r[2]] for r in drawing), "draws": 0.0}
+        for r in drawing:
+            out["draws"] += float((sum(self.remote[r[2]]) * self.remote_pool[r[2]] * self.draws(r, fanout)).sum())
+        by_relation = self.landing(fanout)
         land_own = {t: np.zeros_like(c.count) for t, c in self.classes.items()}
         land_remote = {t: np.zeros_like(c.count) for t, c in self.classes.items()}
-        by_relation = {}
-        for r in drawing:
-            s, t = r[0], r[2]
-            draws = self.draws(r, fanout)
-            out["draws"] += float((sum(self.remote[t]) * self.remote_pool[t] * draws).sum())
-            fresh = [draws * (1 - cov[r]) for cov in self.covered[t]]
-            d_own = sum(float((a * self.own_pool[t] * f).sum()) for a, f in zip(self.own[t], fresh))
-            d_remote = sum(float((z * self.remote_pool[t] * f).sum()) for z, f in zip(self.remote[t], fresh))
-            cut = self.inputs.cut_of(r, self.rank)
-            outs = self.classes[s].out_deg[r]
-            into_own = (d_own * (1 - cut) + d_remote * self.cut_in[r]) * landing_weights(outs, self.own_pool[s])
-            into_remote = (d_own * cut + d_remote * (1 - self.cut_in[r])) * landing_weights(outs, self.remote_pool[s])
-            land_own[s] = land_own[s] + into_own
-            land_remote[s] = land_remote[s] + into_remote
-            by_relation[r] = (into_own, into_remote)
+        for r, (into_own, into_remote) in by_relation.items():
+            land_own[r[0]] = land_own[r[0]] + into_own
+            land_remote[r[0]] = land_remote[r[0]] + into_remote
+        self.landed.append(by_relation)
         for t in self.types:
             for cov in self.covered[t]:
                 for r in self.into[t]:
@@ -203,6 +226,7 @@ class TypedWalk:
             self.own[s].append((1 - own_now) * -np.expm1(-land_own[s]))
             self.remote[s].append((1 - remote_now) * -np.expm1(-land_remote[s]))
             self.covered[s].append(self.parents(s, by_relation, land_own[s] + land_remote[s]))
+            self.parent[s].append(dict(self.covered[s][-1]))
         return out
 
     def parents(self, node_type: str, by_relation: dict, hazard: np.ndarray) -> dict:
