@@ -36,10 +36,17 @@ DEVICE=${DEVICE:-cuda}
 NODES=${NODES:-2400000}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
-if ! gpu=$("$PYTHON" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')"); then
+# One interpreter start (importing torch takes seconds): the device's name, the versions, the device count.
+if ! probe=$("$PYTHON" -c "import sys, torch; cuda = torch.cuda.is_available()
+print(torch.cuda.get_device_name(0) if cuda else 'none')
+print(sys.version.split()[0], 'torch', torch.__version__)
+print(torch.cuda.device_count())"); then
     echo "gpu_check: $PYTHON cannot import torch; set PYTHON to an interpreter with a CUDA build of PyTorch" >&2
     exit 2
 fi
+gpu=$(sed -n 1p <<< "$probe")
+versions=$(sed -n 2p <<< "$probe")
+gpus=$(sed -n 3p <<< "$probe")
 stamp=$(date -u +%Y-%m-%d)
 if [ "$DEVICE" = cpu ]; then
     gpu="none (rehearsal on the CPU)"
@@ -54,7 +61,7 @@ mkdir -p "$RESULTS"
 log="$RESULTS/log.txt"
 say() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" | tee -a "$log" >&2; }
 
-say "GPU: $gpu; python: $("$PYTHON" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')"
+say "GPU: $gpu; python: $versions"
 if [ "$DEVICE" = cuda ]; then
     say "1/4 cuda tests"
     timeout "${TEST_LIMIT:-150}" "$PYTHON" -m pytest -q -m cuda tests/ 2>&1 | tee -a "$log" | tail -15
@@ -88,7 +95,6 @@ for cap in full quarter bf16; do
     done
 done
 
-gpus=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
 if [ "$DEVICE" = cuda ] && [ "$gpus" -gt 1 ]; then
     for mode in exact neutronorch; do  # neutronorch: shared hot rows computed once per node (--hot-set node)
         say "data parallel: $gpus ranks (NCCL), $mode mode, batch 1024 per rank"
