@@ -1,8 +1,14 @@
 import os
 
-import numpy as np
-import pytest
-import torch
+# The test workers run side by side on every core (pytest-xdist): OpenMP's idle threads (torch's and numba's)
+# spinning for milliseconds before they sleep took cores another worker needed. The unit tests took 157-184 s
+# on 2 cores that way, 111 s with idle threads sleeping at once. OpenMP reads this when torch loads it, so it
+# is set before anything imports torch; a value the caller set is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402 - after the OpenMP setting
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Without a GPU, Triton's kernels (the device sampler's) run through its interpreter on CPU tensors; it is
 # chosen when a kernel is defined, so before anything imports them.
