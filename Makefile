@@ -32,8 +32,8 @@ demo: $(STAMP)
 BYTECODE := $(VENV)/bin/python -m compileall -q src > /dev/null
 
 test: $(STAMP)
-	@echo "==> the whole test suite, the end-to-end runs included (about 9 minutes on 2 idle cores; a first run"
-	@echo "    also compiles numba's kernels, about 2 minutes more)"
+	@echo "==> the whole test suite, the end-to-end runs included (about 7.5 minutes on 2 idle cores; about 9 the"
+	@echo "    first time, which also compiles numba's kernels)"
 	@$(BYTECODE)
 	$(PYTEST)
 

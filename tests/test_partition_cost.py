@@ -157,15 +157,21 @@ def test_neutronorch_at_ratio_0_costs_exact_modes_bytes_and_the_lanes_agreements
         assert none["total"] == pytest.approx(exact["total"] + others * (units + super_batches * (8 + 16 + 8)))
 
 
-def test_a_higher_hot_ratio_moves_cold_bytes_to_the_host():
-    got = [neutronorch_bytes(toy(hot_ratio=ratio), 0) for ratio in (0.0, 0.2, 0.5, 1.0)]
+def assert_the_ratio_moves_bytes_to_the_host(got: list[dict]) -> None:
+    """``got``: a NeutronOrch model's bytes at ratios 0, 0.2, 0.5 and 1. The cold lane moves less and the host's
+    and gradient's more as the ratio grows; the upper hops are sampled whatever is hot; the hot set is the
+    ratio's share of the distinct destinations (per type on a typed graph), at ratio 1 all but the seeds."""
     assert all(a["cold"] > b["cold"] for a, b in zip(got, got[1:]))
     assert all(a["host"] < b["host"] and a["gradient"] < b["gradient"] for a, b in zip(got, got[1:]))
     assert all(a["reuse_rate"] < b["reuse_rate"] for a, b in zip(got, got[1:]))
-    assert got[0]["plan"] == got[-1]["plan"]  # the upper hops are sampled whatever is hot
-    # The hot set is the ratio's share of the distinct destinations; at ratio 1 all but the seeds.
+    assert got[0]["plan"] == got[-1]["plan"]
     assert got[1]["hot"] == pytest.approx(0.2 * got[1]["reached"])
     assert 0.8 * got[-1]["reached"] < got[-1]["hot"] < got[-1]["reached"]
+
+
+def test_a_higher_hot_ratio_moves_cold_bytes_to_the_host():
+    got = [neutronorch_bytes(toy(hot_ratio=ratio), 0) for ratio in (0.0, 0.2, 0.5, 1.0)]
+    assert_the_ratio_moves_bytes_to_the_host(got)
     # A hot row moves hidden floats: in bfloat16 the host's rows back cost half.
     half = neutronorch_bytes(toy(hot_ratio=0.5, hot_row_bytes=2), 0)
     assert half["host"] < got[2]["host"] and half["cold"] == got[2]["cold"]

@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from test_partition_cost import assert_the_ratio_moves_bytes_to_the_host
 from test_partition_cost_typed import tables_of
 from test_partitioned_sampling import run_threads
 
@@ -74,13 +75,7 @@ def test_one_rank_moves_nothing():
 
 def test_a_higher_hot_ratio_moves_cold_bytes_to_the_host():
     got = [neutronorch_bytes(toy(hot_ratio=ratio), 0) for ratio in (0.0, 0.2, 0.5, 1.0)]
-    assert all(a["cold"] > b["cold"] for a, b in zip(got, got[1:]))
-    assert all(a["host"] < b["host"] and a["gradient"] < b["gradient"] for a, b in zip(got, got[1:]))
-    assert all(a["reuse_rate"] < b["reuse_rate"] for a, b in zip(got, got[1:]))
-    assert got[0]["plan"] == got[-1]["plan"]  # the upper hops are sampled whatever is hot
-    # Each type's hot set is the ratio's share of its distinct destinations; at ratio 1 all but the seeds.
-    assert got[1]["hot"] == pytest.approx(0.2 * got[1]["reached"])
-    assert 0.8 * got[-1]["reached"] < got[-1]["hot"] < got[-1]["reached"]
+    assert_the_ratio_moves_bytes_to_the_host(got)
     # A remote hot row's dL/dY is H float32s to its owner, once a super-batch.
     super_batches = -(-sum(count for _, count in rank_batches(toy(), 0)) // SUPER_BATCH)
     assert got[2]["gradient"] == pytest.approx(got[2]["remote_hot"] * super_batches * HIDDEN * 4)
