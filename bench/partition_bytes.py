@@ -16,9 +16,9 @@ gradient) against ``partition_cost_hot.py``'s, with the plan's hot, computed and
 A typed graph's folder (dealt by owner) is checked per lane of its run (exact mode: sampling and rows, the
 embedding tables') against ``partition_cost_typed.py``'s, and with ``--hot-ratio R`` per lane of NeutronOrch mode
 (plan, cold, host, gradient, tables) against ``partition_cost_typed_hot.py``'s (``partition_bytes_typed.py``).
-``--predict`` prints
-the model's bytes, seconds and memory per machine for the two large graphs at 4, 16 and 64 machines, and
-IGBH-full's bytes and seconds as a typed graph, under the assumptions in docs/distributed.md ("Cost model")."""
+``--predict`` prints the model's bytes, seconds and memory per machine for the two large graphs at 4, 16 and 64
+machines, and IGBH-full's bytes and seconds as a typed graph (with ``--hot-ratio``, in NeutronOrch mode too),
+under the assumptions in docs/distributed.md ("Cost model")."""
 
 from __future__ import annotations
 
